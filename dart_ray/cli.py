@@ -1,0 +1,165 @@
+"""The `dart-ray` console script.
+
+    dart-ray config show [--config F] [--docs] [key=value ...]
+    dart-ray db init     [--config F] [key=value ...]
+    dart-ray status      [--config F] [--run RUN] [key=value ...]
+
+Every command loads and validates the configuration first; any configuration or storage
+problem ends the command with one clear line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from dart_ray.config import Config, ConfigError, field_docs, load_config
+from dart_ray.store import StoreError, open_store
+from dart_ray.store.db import RowState
+from dart_ray.store.runs import get_run, latest_run
+
+DEFAULT_CONFIG = "configs/tiny-cpu.toml"
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", default=None, help=f"TOML file (default {DEFAULT_CONFIG})")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. algo.eps_high=0.2")
+
+
+def _load(args: argparse.Namespace) -> Config:
+    path = args.config
+    if path is None:
+        from pathlib import Path
+
+        path = DEFAULT_CONFIG if Path(DEFAULT_CONFIG).exists() else None
+    return load_config(path, args.overrides)
+
+
+def cmd_config_show(args: argparse.Namespace, out: Console) -> int:
+    cfg = _load(args)
+    if args.docs:
+        for key, default, doc in field_docs():
+            out.print(f"[bold]{key}[/] = {default}", highlight=False)
+            out.print(f"    {doc}", highlight=False, soft_wrap=True)
+    else:
+        out.print_json(json.dumps(cfg.redacted()))
+    return 0
+
+
+def cmd_db_init(args: argparse.Namespace, out: Console) -> int:
+    cfg = _load(args)
+    store = open_store(cfg, init=True)
+    out.print(
+        f"durable log ready at {store.engine.url.render_as_string(hide_password=True)}; "
+        f"blobs under {store.blobs.base}"
+    )
+    store.dispose()
+    return 0
+
+
+def cmd_status(args: argparse.Namespace, out: Console) -> int:
+    cfg = _load(args)
+    store = open_store(cfg)
+    try:
+        where = store.engine.url.render_as_string(hide_password=True)
+        run = get_run(store.engine, args.run) if args.run else latest_run(store.engine)
+        if run is None:
+            what = f"run {args.run!r}" if args.run else "any run"
+            out.print(f"no record of {what} in {where} (start one with `dart-ray train`)")
+            return 1 if args.run else 0
+        out.print(
+            f"[bold]run {run.run_id}[/] ({run.name}) {run.status}, started {run.started_at:%Y-%m-%d %H:%M:%S} UTC"
+        )
+        buf = store.log.buffer(run.run_id)
+        t = Table(
+            "version",
+            *(RowState.NAMES[s] for s in sorted(RowState.NAMES)),
+            title="trajectories in the log",
+        )
+        for v in sorted({v for v, _ in buf}):
+            t.add_row(str(v), *(str(buf.get((v, s), 0)) for s in sorted(RowState.NAMES)))
+        t.add_row(
+            "all",
+            *(str(sum(n for (_, st), n in buf.items() if st == s)) for s in sorted(RowState.NAMES)),
+            style="bold",
+        )
+        out.print(t)
+        stats = store.log.task_stats(run.run_id)
+        t = Table(
+            "task",
+            "attempts",
+            "successes",
+            "success rate",
+            "env failures",
+            "longest success",
+            title="per-task success",
+        )
+        for s in stats:
+            t.add_row(
+                s.task_id,
+                str(s.attempts),
+                str(s.successes),
+                f"{s.success_rate:.1%}",
+                str(s.failures_env),
+                str(s.success_steps_max),
+            )
+        out.print(t)
+        cp = store.checkpoints.latest(run.run_id, status=None)
+        done = store.checkpoints.latest(run.run_id)
+        if cp is None:
+            out.print("checkpoints: none yet")
+        else:
+            out.print(
+                f"newest checkpoint: {cp.version} {cp.status}"
+                + (f" ({cp.error})" if cp.error else "")
+            )
+            if done is not None and done.id != cp.id:
+                out.print(f"newest completed: {done.version} at {done.path}")
+        return 0
+    finally:
+        store.dispose()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dart-ray", description="Decoupled multi-turn RL for GUI agents on Ray."
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    cfg = sub.add_parser("config", help="inspect the configuration")
+    cfg_sub = cfg.add_subparsers(dest="action", required=True)
+    show = cfg_sub.add_parser("show", help="print the resolved configuration (secrets masked)")
+    show.add_argument("--docs", action="store_true", help="print every key with its meaning")
+    _add_config_args(show)
+    show.set_defaults(fn=cmd_config_show)
+
+    db = sub.add_parser("db", help="manage the durable log")
+    db_sub = db.add_subparsers(dest="action", required=True)
+    init = db_sub.add_parser("init", help="create the database and tables if missing")
+    _add_config_args(init)
+    init.set_defaults(fn=cmd_db_init)
+
+    status = sub.add_parser("status", help="buffer health, per-task success, newest checkpoint")
+    status.add_argument("--run", default=None, help="run id (default: the newest run)")
+    _add_config_args(status)
+    status.set_defaults(fn=cmd_status)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    out = Console()
+    try:
+        return int(args.fn(args, out))
+    except (ConfigError, StoreError) as e:
+        print(f"dart-ray {args.command}: {e}", file=sys.stderr)  # plain: never wrapped
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,368 @@
+"""The configuration tree: one pydantic model per part, loaded from TOML plus `key=value`.
+
+Every field has a docstring (it becomes the field's description, which `dart-ray config
+show --docs` and the configuration reference print). Validation happens once, at load,
+before any process starts; errors name the dotted key and the offending value.
+
+Secrets never live in the config. A field that needs one names where to read it: an
+environment variable (`*_env`) or a file (`*_file`). The config is therefore safe to print
+and to store in the `run` table; `redacted()` masks anything that still looks like a secret
+(a password inside a DSN, say) as a second line of defence.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+
+class ConfigError(ValueError):
+    """A configuration problem, phrased for the person who wrote the config."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+
+
+class RunConfig(_Section):
+    name: str = "tiny-cpu"
+    """Human-readable experiment name; part of the generated run id."""
+    run_id: str | None = None
+    """Run id to use (or resume). Generated as `<name>-<timestamp>` when unset."""
+    root_dir: Path = Path("runs")
+    """Folder for run outputs (`<root_dir>/<run_id>/`) and the embedded SQLite log."""
+    seed: int = 0
+    """Seed for task sampling, environments and model initialisation."""
+    mode: Literal["decoupled", "sync"] = "decoupled"
+    """`decoupled`: rollout and training overlap (DART). `sync`: the synchronous baseline."""
+    max_versions: int = Field(default=20, ge=1)
+    """Stop after this many weight versions have been published."""
+
+    @field_validator("run_id")
+    @classmethod
+    def _safe_run_id(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", v):
+            raise ValueError("must be 1-128 characters of letters, digits, '.', '_', '-'")
+        return v
+
+
+class EnvConfig(_Section):
+    kind: str = "minidesk"
+    """Environment kind: a registered name or an import path `pkg.mod:Class`."""
+    tasks: Path | None = None
+    """JSONL task file; unset means the environment's built-in suite."""
+    num_sessions: int = Field(default=4, ge=1)
+    """EnvSession actors in the pool."""
+    screen_width: int = Field(default=320, ge=28)
+    """Screen width in pixels."""
+    screen_height: int = Field(default=240, ge=28)
+    """Screen height in pixels."""
+    reset_timeout_s: float = Field(default=60.0, gt=0)
+    """Seconds a reset may take before the session is declared broken."""
+    step_timeout_s: float = Field(default=30.0, gt=0)
+    """Seconds a step may take before the session is declared broken."""
+    num_cpus: float = Field(default=0.25, gt=0)
+    """CPUs each EnvSession actor reserves (fractional is fine)."""
+    resource: str | None = "env"
+    """Custom Ray resource each session requests (1 unit per session); None to not request one."""
+
+
+class PolicyConfig(_Section):
+    model_path: Path | None = None
+    """Local HF model directory (e.g. UI-TARS-1.5-7B). Unset: build the tiny model locally."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """Inference engine: `hf` (transformers, CPU or GPU) or `vllm`."""
+    replicas: int = Field(default=1, ge=1)
+    """Policy server replicas (Ray Serve)."""
+    temperature: float = Field(default=1.0, ge=0)
+    """Sampling temperature (0 = greedy)."""
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    """Nucleus sampling mass."""
+    max_new_tokens: int = Field(default=64, ge=1)
+    """Maximum response tokens per turn (DART-GUI: 500 on UI-TARS-7B)."""
+    history_images: int = Field(default=1, ge=1)
+    """Screenshots kept in the prompt (the newest k)."""
+    history_turns: int = Field(default=5, ge=0)
+    """Previous assistant turns kept in the prompt (the newest m)."""
+    max_batch_size: int = Field(default=32, ge=1)
+    """Largest batch the transformers engine forms from concurrent requests."""
+    batch_wait_ms: float = Field(default=5.0, ge=0)
+    """How long a request waits for others to join its batch."""
+    http_host: str = "127.0.0.1"
+    """Address the OpenAI-compatible HTTP route binds to."""
+    http_port: int = Field(default=8000, ge=1, le=65535)
+    """Port of the HTTP route."""
+    auth_token_env: str | None = None
+    """Environment variable holding a bearer token the HTTP route requires (unset: none)."""
+
+
+class RolloutConfig(_Section):
+    in_flight: int = Field(default=8, ge=1)
+    """Trajectories kept in flight at once across the session pool (K)."""
+    n_rollouts: int = Field(default=8, ge=1)
+    """Default rollouts per task (the GRPO group size)."""
+    max_steps: int = Field(default=8, ge=1)
+    """Default step limit per episode (DART-GUI: 30 on OSWorld)."""
+    max_retries: int = Field(default=2, ge=0)
+    """Retries of an aborted trajectory on a fresh session before it is ENV_ERROR."""
+    on_invalid_action: Literal["penalise", "end", "retry"] = "penalise"
+    """Unparseable model output: count a no-op step (`penalise`), end the episode, or resample."""
+    success_threshold: float = 1.0
+    """A trajectory with reward >= this counts as a success (task statistics, replay)."""
+
+
+class CurationConfig(_Section):
+    group_size: int = Field(default=8, ge=1)
+    """Trajectories per task group used for GRPO advantages."""
+    min_group: int = Field(default=2, ge=1)
+    """Smallest group trained when the group timeout passes."""
+    group_timeout_s: float = Field(default=120.0, gt=0)
+    """Seconds to wait for a full group before training a partial one."""
+    max_staleness: int = Field(default=2, ge=0)
+    """Drop trajectories whose oldest step is more than this many versions behind."""
+    success_replay: bool = True
+    """Give an all-fail group the newest success of its task (DART-GUI's experience replay)."""
+    entropy_top_fraction: float = Field(default=1.0, gt=0, le=1)
+    """Keep this fraction of steps with the highest mean token entropy (1.0 keeps all)."""
+    dynamic_rollouts: bool = True
+    """Fewer rollouts for tasks the policy already solves (dynamic rollout budget)."""
+    queue_depth: int = Field(default=2, ge=1)
+    """Batches queued per trainer rank before the curator waits (backpressure)."""
+    lease_s: float = Field(default=600.0, gt=0)
+    """Seconds a claim holds rows before they return to the pool unless acknowledged."""
+
+
+class AlgoConfig(_Section):
+    loss: Literal["ppo", "gspo"] = "ppo"
+    """Token-level PPO clip or sequence-level GSPO."""
+    eps_low: float = Field(default=0.1, gt=0)
+    """Lower clip range (ratio >= 1 - eps_low)."""
+    eps_high: float = Field(default=0.28, gt=0)
+    """Upper clip range (ratio <= 1 + eps_high)."""
+    dual_clip: float | None = Field(default=10.0, gt=1)
+    """Dual-clip bound c for negative advantages (None disables)."""
+    is_cap: float = Field(default=1.0, gt=0)
+    """Cap C of the truncated importance weight min(pi_old / pi_behaviour, C)."""
+    kl_beta: float = Field(default=0.0, ge=0)
+    """KL coefficient to the frozen reference model; 0 disables the reference model."""
+    advantage: Literal["trajectory", "step_weighted"] = "trajectory"
+    """GRPO statistics per trajectory, or DART-GUI's step-count-weighted variant."""
+    loss_agg: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
+    """How token losses are reduced to one number."""
+
+
+class TrainConfig(_Section):
+    num_workers: int = Field(default=1, ge=1)
+    """Ray Train workers (FSDP2 ranks)."""
+    use_gpu: bool = False
+    """Train on GPUs (NCCL) instead of CPUs (gloo)."""
+    cpus_per_worker: float = Field(default=1.0, gt=0)
+    """CPUs each train worker reserves."""
+    lr: float = Field(default=1e-4, gt=0)
+    """AdamW learning rate (DART-GUI: 1e-6 on UI-TARS-7B)."""
+    weight_decay: float = Field(default=0.1, ge=0)
+    """AdamW weight decay."""
+    grad_clip: float = Field(default=2.0, gt=0)
+    """Gradient norm clip."""
+    tokens_per_rank: int = Field(default=8192, ge=1)
+    """Token budget of one rank's micro-batch."""
+    sync_every: int = Field(default=1, ge=1)
+    """Optimizer steps between weight publications."""
+    save_every: int = Field(default=5, ge=1)
+    """Published versions between durable checkpoints."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward to save memory."""
+
+
+class StoreConfig(_Section):
+    dsn: str | None = None
+    """SQLAlchemy URL of the durable log, without a password (e.g.
+    `mysql+pymysql://dart@db:3306/dart`). Unset: SQLite at `<run.root_dir>/dart-ray.sqlite`."""
+    dsn_env: str | None = None
+    """Environment variable holding the whole DSN (may include a password); wins over `dsn`."""
+    password_env: str | None = "DART_RAY_DB_PASSWORD"
+    """Environment variable with the database password (read only if set)."""
+    password_file: Path | None = None
+    """File whose first line is the database password (wins over `password_env`)."""
+    blob_uri: str | None = None
+    """Where trajectory Parquet files go: a folder or any pyarrow.fs URI (`s3://bucket/p`).
+    Unset: `<run.root_dir>/blobs`."""
+    pool_size: int = Field(default=5, ge=1)
+    """Connections kept in the pool per process."""
+    retries: int = Field(default=8, ge=0)
+    """Retries of a statement on a transient error (server restart, deadlock, lock)."""
+    retry_backoff_s: float = Field(default=0.25, gt=0)
+    """First retry delay; doubles each retry, capped at 5 s."""
+    connect_timeout_s: float = Field(default=5.0, gt=0)
+    """Seconds to wait for a connection to the server."""
+
+    @field_validator("dsn")
+    @classmethod
+    def _no_password_in_dsn(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        try:
+            url = make_url(v)
+        except ArgumentError as e:
+            raise ValueError(f"not a database URL ({e})") from None
+        if url.password:
+            raise ValueError(
+                "contains a password; put it in the environment variable named by "
+                "store.password_env or in store.password_file"
+            )
+        return v
+
+
+class ClusterConfig(_Section):
+    address: str | None = None
+    """Ray cluster address (`auto`, `ray://host:10001`); unset starts a local Ray."""
+    num_cpus: float | None = None
+    """CPUs of a local Ray (unset: all); ignored when joining a cluster."""
+    namespace: str = "dart-ray"
+    """Ray namespace for the run's named actors."""
+    dashboard_host: str = "127.0.0.1"
+    """Where a local Ray's dashboard binds."""
+
+
+class Config(_Section):
+    """The whole tree. Build it with `load_config`."""
+
+    run: RunConfig = RunConfig()
+    env: EnvConfig = EnvConfig()
+    policy: PolicyConfig = PolicyConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    curation: CurationConfig = CurationConfig()
+    algo: AlgoConfig = AlgoConfig()
+    train: TrainConfig = TrainConfig()
+    store: StoreConfig = StoreConfig()
+    cluster: ClusterConfig = ClusterConfig()
+
+    def redacted(self) -> dict[str, Any]:
+        """A JSON-able dict safe to print, log or store (secrets masked)."""
+        return redact(self.model_dump(mode="json"))
+
+
+# --------------------------------------------------------------------------- loading
+
+_SECRET_KEY = re.compile(r"(password|passwd|secret|token|api_key|apikey)", re.I)
+_SECRET_REFERENCE = re.compile(r"_(env|file)$")
+MASK = "***"
+
+
+def redact(obj: Any, key: str = "") -> Any:
+    """Mask values under secret-looking keys and passwords inside URLs, recursively.
+
+    Keys ending in `_env`/`_file` name where a secret lives, not the secret, and stay.
+    """
+    if isinstance(obj, dict):
+        return {k: redact(v, str(k)) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [redact(v, key) for v in obj]
+    if isinstance(obj, str):
+        if _SECRET_KEY.search(key) and not _SECRET_REFERENCE.search(key) and obj:
+            return MASK
+        return _mask_url_password(obj)
+    return obj
+
+
+_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^/@:\s]*:)(?P<pw>[^@/\s]+)(?=@)", re.I)
+
+
+def _mask_url_password(s: str) -> str:
+    return _URL_PASSWORD.sub(lambda m: m.group("head") + MASK, s)
+
+
+def _parse_value(raw: str) -> Any:
+    """A CLI value as TOML (numbers, booleans, arrays, quoted strings), else a bare string."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def apply_override(tree: dict[str, Any], override: str) -> None:
+    """Apply one `a.b.c=value` to a nested dict in place."""
+    key, sep, raw = override.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"override {override!r}: expected key=value, e.g. algo.eps_high=0.2")
+    parts = key.split(".")
+    node = tree
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {key}: {'.'.join(parts[: i + 1])} is not a section")
+        node = child
+    node[parts[-1]] = _parse_value(raw.strip())
+
+
+def _format_validation_error(err: ValidationError, source: str, tree: dict[str, Any]) -> str:
+    lines = [f"invalid configuration ({source}):"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  {loc}: unknown key")
+            continue
+        value = tree
+        for p in e["loc"]:
+            value = value.get(p) if isinstance(value, dict) else None  # type: ignore[assignment]
+        shown = MASK if _SECRET_KEY.search(loc) else redact(value, loc)
+        msg = e["msg"].removeprefix("Value error, ")
+        lines.append(f"  {loc} = {shown!r}: {msg}")
+    return "\n".join(lines)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Load a TOML file (or the defaults), apply `key=value` overrides, validate."""
+    tree: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        p = Path(path)
+        source = str(p)
+        try:
+            tree = tomllib.loads(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {p} does not exist") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {p} is not valid TOML: {e}") from None
+    for o in overrides or []:
+        apply_override(tree, o)
+    if overrides:
+        source += " + overrides"
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(e, source, tree)) from None
+
+
+def read_secret(env: str | None, file: Path | None) -> str | None:
+    """A secret from a file (first line) or an environment variable; None if neither is set."""
+    if file is not None:
+        try:
+            lines = file.read_text().splitlines()
+        except OSError as e:
+            raise ConfigError(f"cannot read secret file {file}: {e.strerror}") from None
+        return lines[0].strip() if lines else ""
+    if env:
+        return os.environ.get(env)
+    return None
+
+
+def field_docs(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, default, description) for every leaf field, for docs and `--docs`."""
+    rows: list[tuple[str, str, str]] = []
+    for name, f in model.model_fields.items():
+        ann = f.annotation
+        key = f"{prefix}{name}"
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            rows.extend(field_docs(ann, key + "."))
+        else:
+            rows.append((key, repr(f.default), (f.description or "").replace("\n", " ")))
+    return rows

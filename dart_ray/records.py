@@ -1,0 +1,328 @@
+"""Typed records that flow through dart-ray, and their Arrow schemas, defined once.
+
+A `Trajectory` is what the rollouter produces: the task, one `Step` per policy turn, the
+reward from the environment's evaluator and a `Status` saying how the episode ended. Every
+step carries the weight version that generated it, the exact prompt and response token ids
+(so the trainer never re-tokenises) and the behaviour log-probs (for truncated importance
+sampling against the policy that actually acted).
+
+Two Arrow schemas derive from these records:
+
+- `STEP_SCHEMA`: one row per step, the on-disk form of a trajectory (Parquet in blob storage).
+  Trajectory-level fields travel in the schema metadata, so a trajectory with no steps (an
+  environment that failed on reset) still round-trips.
+- `SAMPLE_SCHEMA`: one row per step sample, what the curator streams to trainer ranks.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pyarrow as pa
+
+
+class Status(enum.StrEnum):
+    """How an episode ended. Only OK and TRUNCATED trajectories can be trained on."""
+
+    OK = "OK"
+    """The policy finished (or the evaluator judged the end state) within the step limit."""
+    TRUNCATED = "TRUNCATED"
+    """The step limit was reached; the evaluator still scored the end state."""
+    ABORTED = "ABORTED"
+    """The environment crashed mid-episode; the episode is retried, never scored as 0."""
+    ENV_ERROR = "ENV_ERROR"
+    """Retries ran out on environment failures; the task's group is not trained."""
+    POLICY_ERROR = "POLICY_ERROR"
+    """The policy server failed to answer; nothing about the task's difficulty is learned."""
+
+    @property
+    def trainable(self) -> bool:
+        return self in (Status.OK, Status.TRUNCATED)
+
+
+class ActionKind(enum.StrEnum):
+    """The UI-TARS-1.5 computer-use action space, plus INVALID for unparseable output."""
+
+    CLICK = "click"
+    LEFT_DOUBLE = "left_double"
+    RIGHT_SINGLE = "right_single"
+    DRAG = "drag"
+    HOTKEY = "hotkey"
+    TYPE = "type"
+    SCROLL = "scroll"
+    WAIT = "wait"
+    FINISHED = "finished"
+    CALL_USER = "call_user"
+    INVALID = "invalid"
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One task of an environment suite."""
+
+    task_id: str
+    instruction: str
+    env: str
+    """Environment kind (a registry name or an import path `pkg.mod:Class`)."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """Environment-specific setup and evaluator description (JSON-serialisable)."""
+    split: str = "train"
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What the policy sees after a reset or a step."""
+
+    screenshot: bytes
+    """PNG-encoded screenshot."""
+    width: int
+    height: int
+    text: str = ""
+    accessibility: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """A parsed action, in screen pixels. INVALID carries the parser's reason in `error`."""
+
+    kind: ActionKind
+    point: tuple[float, float] | None = None
+    end_point: tuple[float, float] | None = None
+    text: str | None = None
+    """`type` content, `hotkey` keys, or `finished` content."""
+    direction: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One policy turn: the prompt it saw, what it generated, and what happened."""
+
+    step_idx: int
+    prompt_ids: Sequence[int]
+    response_ids: Sequence[int]
+    behaviour_logprobs: Sequence[float]
+    """Log-prob of each response token under the policy that sampled it."""
+    weight_version: int
+    response_text: str
+    action: Action
+    screenshot: bytes = b""
+    """PNG of the observation this step acted on."""
+    entropy: Sequence[float] = ()
+    """Per-token entropy of the sampling distribution (may be empty for engines without it)."""
+
+    def __post_init__(self) -> None:
+        if len(self.behaviour_logprobs) != len(self.response_ids):
+            raise ValueError(
+                f"step {self.step_idx}: {len(self.behaviour_logprobs)} log-probs for "
+                f"{len(self.response_ids)} response tokens"
+            )
+        if self.entropy and len(self.entropy) != len(self.response_ids):
+            raise ValueError(
+                f"step {self.step_idx}: {len(self.entropy)} entropies for "
+                f"{len(self.response_ids)} response tokens"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Trajectory:
+    """A finished (or failed) episode of one task."""
+
+    trajectory_id: str
+    run_id: str
+    task: Task
+    steps: tuple[Step, ...]
+    reward: float
+    status: Status
+    trace_id: str = ""
+    """Groups the retries of one rollout slot (the id of the first attempt)."""
+    started_at: float = 0.0
+    finished_at: float = 0.0
+    error: str | None = None
+    """Why the episode was aborted or failed, for ABORTED / ENV_ERROR / POLICY_ERROR."""
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.steps)
+
+    @property
+    def min_version(self) -> int:
+        """The oldest weight version that acted in this episode (-1 with no steps).
+
+        Staleness is measured from it: an episode is as stale as its oldest step.
+        """
+        return min((s.weight_version for s in self.steps), default=-1)
+
+    @property
+    def max_version(self) -> int:
+        return max((s.weight_version for s in self.steps), default=-1)
+
+    def with_status(self, status: Status, error: str | None = None) -> Trajectory:
+        return replace(self, status=status, error=error)
+
+
+# --------------------------------------------------------------------------- Arrow schemas
+
+_POINT = pa.struct([("x", pa.float64()), ("y", pa.float64())])
+ACTION_TYPE = pa.struct(
+    [
+        ("kind", pa.string()),
+        ("point", _POINT),
+        ("end_point", _POINT),
+        ("text", pa.string()),
+        ("direction", pa.string()),
+        ("error", pa.string()),
+    ]
+)
+
+STEP_SCHEMA = pa.schema(
+    [
+        ("trajectory_id", pa.string()),
+        ("task_id", pa.string()),
+        ("step_idx", pa.int32()),
+        ("weight_version", pa.int64()),
+        ("prompt_ids", pa.list_(pa.int32())),
+        ("response_ids", pa.list_(pa.int32())),
+        ("behaviour_logprobs", pa.list_(pa.float32())),
+        ("entropy", pa.list_(pa.float32())),
+        ("response_text", pa.string()),
+        ("action", ACTION_TYPE),
+        ("screenshot", pa.binary()),
+    ]
+)
+"""One row per step; trajectory fields live in the metadata key `TRAJECTORY_META_KEY`."""
+
+TRAJECTORY_META_KEY = b"dart_ray.trajectory"
+
+SAMPLE_SCHEMA = pa.schema(
+    [
+        ("trajectory_id", pa.string()),
+        ("task_id", pa.string()),
+        ("step_idx", pa.int32()),
+        ("weight_version", pa.int64()),
+        ("prompt_ids", pa.list_(pa.int32())),
+        ("response_ids", pa.list_(pa.int32())),
+        ("behaviour_logprobs", pa.list_(pa.float32())),
+        ("loss_mask", pa.list_(pa.int8())),
+        ("advantage", pa.float32()),
+        ("image", pa.binary()),
+    ]
+)
+"""One row per step sample, as the curator packs them for a trainer rank."""
+
+
+def _point(p: tuple[float, float] | None) -> dict[str, float] | None:
+    return None if p is None else {"x": float(p[0]), "y": float(p[1])}
+
+
+def _unpoint(d: dict[str, float] | None) -> tuple[float, float] | None:
+    return None if d is None else (d["x"], d["y"])
+
+
+def _action_to_dict(a: Action) -> dict[str, Any]:
+    return {
+        "kind": a.kind.value,
+        "point": _point(a.point),
+        "end_point": _point(a.end_point),
+        "text": a.text,
+        "direction": a.direction,
+        "error": a.error,
+    }
+
+
+def _action_from_dict(d: dict[str, Any]) -> Action:
+    return Action(
+        kind=ActionKind(d["kind"]),
+        point=_unpoint(d["point"]),
+        end_point=_unpoint(d["end_point"]),
+        text=d["text"],
+        direction=d["direction"],
+        error=d["error"],
+    )
+
+
+def _trajectory_meta(t: Trajectory) -> dict[str, Any]:
+    return {
+        "trajectory_id": t.trajectory_id,
+        "run_id": t.run_id,
+        "task": {
+            "task_id": t.task.task_id,
+            "instruction": t.task.instruction,
+            "env": t.task.env,
+            "config": t.task.config,
+            "split": t.task.split,
+        },
+        "reward": t.reward,
+        "status": t.status.value,
+        "trace_id": t.trace_id,
+        "started_at": t.started_at,
+        "finished_at": t.finished_at,
+        "error": t.error,
+    }
+
+
+def trajectory_to_table(t: Trajectory) -> pa.Table:
+    """The Arrow form of a trajectory: `STEP_SCHEMA` rows plus the trajectory in metadata."""
+    cols: dict[str, list[Any]] = {name: [] for name in STEP_SCHEMA.names}
+    for s in t.steps:
+        cols["trajectory_id"].append(t.trajectory_id)
+        cols["task_id"].append(t.task.task_id)
+        cols["step_idx"].append(s.step_idx)
+        cols["weight_version"].append(s.weight_version)
+        cols["prompt_ids"].append(list(s.prompt_ids))
+        cols["response_ids"].append(list(s.response_ids))
+        cols["behaviour_logprobs"].append(list(s.behaviour_logprobs))
+        cols["entropy"].append(list(s.entropy))
+        cols["response_text"].append(s.response_text)
+        cols["action"].append(_action_to_dict(s.action))
+        cols["screenshot"].append(s.screenshot)
+    meta = {TRAJECTORY_META_KEY: json.dumps(_trajectory_meta(t)).encode()}
+    return pa.Table.from_pydict(cols, schema=STEP_SCHEMA.with_metadata(meta))
+
+
+def trajectory_from_table(table: pa.Table) -> Trajectory:
+    """Inverse of `trajectory_to_table`; raises ValueError naming what is missing."""
+    meta = table.schema.metadata or {}
+    if TRAJECTORY_META_KEY not in meta:
+        raise ValueError(f"not a dart-ray trajectory table: no {TRAJECTORY_META_KEY!r} metadata")
+    missing = set(STEP_SCHEMA.names) - set(table.schema.names)
+    if missing:
+        raise ValueError(f"trajectory table lacks columns {sorted(missing)}")
+    m = json.loads(meta[TRAJECTORY_META_KEY])
+    steps = tuple(
+        Step(
+            step_idx=row["step_idx"],
+            prompt_ids=tuple(row["prompt_ids"]),
+            response_ids=tuple(row["response_ids"]),
+            behaviour_logprobs=tuple(row["behaviour_logprobs"]),
+            entropy=tuple(row["entropy"]),
+            weight_version=row["weight_version"],
+            response_text=row["response_text"],
+            action=_action_from_dict(row["action"]),
+            screenshot=row["screenshot"],
+        )
+        for row in table.to_pylist()
+    )
+    task = m["task"]
+    return Trajectory(
+        trajectory_id=m["trajectory_id"],
+        run_id=m["run_id"],
+        task=Task(
+            task_id=task["task_id"],
+            instruction=task["instruction"],
+            env=task["env"],
+            config=task["config"],
+            split=task["split"],
+        ),
+        steps=steps,
+        reward=m["reward"],
+        status=Status(m["status"]),
+        trace_id=m["trace_id"],
+        started_at=m["started_at"],
+        finished_at=m["finished_at"],
+        error=m["error"],
+    )

@@ -1,0 +1,179 @@
+"""The checkpoint registry: one row per published weight version, with a status workflow.
+
+    PENDING -> RUNNING -> COMPLETED -> DEPRECATED
+         \\         \\-> FAILED (with the reason)
+          \\-> FAILED
+
+DART-GUI's release created rows and never moved them; here every move is a compare-and-set on
+the current status, so two writers cannot both complete a checkpoint and an illegal move
+fails loudly with the state it found. Deletion is soft (`deleted_at`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from dart_ray.store.db import RetryPolicy, checkpoint
+from dart_ray.store.log import utcnow
+
+PENDING, RUNNING, COMPLETED, FAILED, DEPRECATED = (
+    "PENDING",
+    "RUNNING",
+    "COMPLETED",
+    "FAILED",
+    "DEPRECATED",
+)
+_ALLOWED_FROM = {
+    RUNNING: (PENDING,),
+    COMPLETED: (RUNNING,),
+    FAILED: (PENDING, RUNNING),
+    DEPRECATED: (COMPLETED,),
+}
+
+
+class CheckpointStateError(RuntimeError):
+    """An illegal status move (e.g. completing a checkpoint that already failed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointRow:
+    id: int
+    run_id: str
+    version_num: int
+    version: str
+    status: str
+    path: str | None
+    error: str | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+def _row(r: sa.Row) -> CheckpointRow:  # type: ignore[type-arg]
+    return CheckpointRow(
+        id=r.id,
+        run_id=r.run_id,
+        version_num=r.version_num,
+        version=r.version,
+        status=r.status,
+        path=r.path,
+        error=r.error,
+        created_at=r.created_at,
+        finished_at=r.finished_at,
+    )
+
+
+class CheckpointRegistry:
+    def __init__(self, engine: Engine, retry: RetryPolicy | None = None) -> None:
+        self.engine = engine
+        self.retry = retry or RetryPolicy()
+
+    def create(
+        self,
+        run_id: str,
+        version_num: int,
+        *,
+        path: str | None = None,
+        source: str = "train",
+        operator: str = "",
+        remark: str = "",
+        config_yaml: str | None = None,
+    ) -> int:
+        """Register version `version_num` of a run as PENDING; returns its id (idempotent)."""
+
+        def txn() -> int:
+            cp = checkpoint.c
+            with self.engine.begin() as c:
+                existing = c.scalar(
+                    sa.select(cp.id).where(cp.run_id == run_id, cp.version_num == version_num)
+                )
+                if existing is not None:
+                    return int(existing)
+                now = utcnow()
+                res = c.execute(
+                    checkpoint.insert().values(
+                        name=f"{run_id[:40]}-v{version_num}",
+                        version=f"v{version_num}",
+                        version_num=version_num,
+                        run_id=run_id,
+                        status=PENDING,
+                        path=path,
+                        source=source,
+                        operator=operator,
+                        remark=remark,
+                        config_yaml=config_yaml,
+                        created_at=now,
+                        updated_at=now,
+                    )
+                )
+                return int(res.inserted_primary_key[0])
+
+        return self.retry.run(txn, "checkpoint create")
+
+    def _move(self, cid: int, to: str, **values: object) -> None:
+        def txn() -> None:
+            cp = checkpoint.c
+            now = utcnow()
+            with self.engine.begin() as c:
+                n = c.execute(
+                    checkpoint.update()
+                    .where(cp.id == cid, cp.status.in_(_ALLOWED_FROM[to]), cp.deleted_at.is_(None))
+                    .values(status=to, updated_at=now, **values)
+                ).rowcount
+                if n == 1:
+                    return
+                found = c.scalar(sa.select(cp.status).where(cp.id == cid))
+                if found == to:
+                    return  # an earlier attempt of this same move committed (retry)
+                raise CheckpointStateError(
+                    f"checkpoint {cid} is {found or 'missing'}; cannot move it to {to}"
+                )
+
+        self.retry.run(txn, f"checkpoint {to.lower()}")
+
+    def start(self, cid: int) -> None:
+        self._move(cid, RUNNING, started_at=utcnow())
+
+    def complete(self, cid: int, path: str | None = None) -> None:
+        extra: dict[str, object] = {"finished_at": utcnow()}
+        if path is not None:
+            extra["path"] = path
+        self._move(cid, COMPLETED, **extra)
+
+    def fail(self, cid: int, error: str) -> None:
+        self._move(cid, FAILED, finished_at=utcnow(), error=error[:60000])
+
+    def deprecate(self, cid: int) -> None:
+        self._move(cid, DEPRECATED)
+
+    def delete(self, cid: int) -> None:
+        """Soft delete: the row stays for lineage, but no query of the registry returns it."""
+        with self.engine.begin() as c:
+            c.execute(
+                checkpoint.update()
+                .where(checkpoint.c.id == cid, checkpoint.c.deleted_at.is_(None))
+                .values(deleted_at=utcnow(), updated_at=utcnow())
+            )
+
+    def list(self, run_id: str) -> list[CheckpointRow]:
+        cp = checkpoint.c
+        with self.engine.connect() as c:
+            rows = c.execute(
+                sa.select(checkpoint)
+                .where(cp.run_id == run_id, cp.deleted_at.is_(None))
+                .order_by(cp.version_num)
+            ).all()
+        return [_row(r) for r in rows]
+
+    def latest(self, run_id: str, status: str | None = COMPLETED) -> CheckpointRow | None:
+        """The newest checkpoint of a run (with the given status; None means any)."""
+        cp = checkpoint.c
+        q = sa.select(checkpoint).where(cp.run_id == run_id, cp.deleted_at.is_(None))
+        if status is not None:
+            q = q.where(cp.status == status)
+        with self.engine.connect() as c:
+            r = c.execute(q.order_by(cp.version_num.desc()).limit(1)).first()
+        return None if r is None else _row(r)

@@ -1,0 +1,57 @@
+"""Shared fixtures: a fresh durable log on SQLite and on real MariaDB/MySQL (marker `mysql`).
+
+The MySQL server comes from DART_RAY_TEST_MYSQL_DSN (a server URL without a database, e.g.
+mysql+pymysql://root@127.0.0.1:3306, which is also the default: the local MariaDB that
+`.ci/run` starts). Each test gets its own database, dropped afterwards. If the server does not
+answer, the mysql tests fail rather than skip: deselect them with `-m "not mysql"`.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from dart_ray.store.db import create_engine, init_schema
+from dart_ray.store.log import DurableLog
+
+MYSQL_SERVER = os.environ.get("DART_RAY_TEST_MYSQL_DSN", "mysql+pymysql://root@127.0.0.1:3306")
+
+
+def mysql_database_url() -> Iterator[str]:
+    """Create a uniquely named database, yield its URL, drop it afterwards."""
+    name = f"dart_test_{uuid.uuid4().hex[:12]}"
+    server = create_engine(MYSQL_SERVER)
+    with server.begin() as c:
+        c.execute(sa.text(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
+    try:
+        yield f"{MYSQL_SERVER.rstrip('/')}/{name}"
+    finally:
+        with server.begin() as c:
+            c.execute(sa.text(f"DROP DATABASE IF EXISTS `{name}`"))
+        server.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("mysql", marks=pytest.mark.mysql)])
+def db_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'log.sqlite'}"
+    else:
+        yield from mysql_database_url()
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Engine]:
+    e = create_engine(db_url, pool_size=10)
+    init_schema(e)
+    yield e
+    e.dispose()
+
+
+@pytest.fixture
+def log(engine: Engine) -> DurableLog:
+    return DurableLog(engine, success_threshold=1.0)

@@ -1,0 +1,262 @@
+"""The durable log on SQLite and on real MariaDB: appends, exactly-once claims, leases."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from dart_ray.records import Status
+from dart_ray.store.db import RowState, dataset_usage_events, rollout_run
+from dart_ray.store.log import Claim, DurableLog, LeaseLostError
+from tests.factories import make_trajectory
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def fill(log: DurableLog, n: int, run_id: str = "run-a", version: int = 0) -> None:
+    log.append_many(
+        [
+            (
+                make_trajectory(f"t{i}", run_id=run_id, task_id=f"task-{i % 4}", version=version),
+                f"/b/t{i}",
+            )
+            for i in range(n)
+        ]
+    )
+
+
+def events(engine: Engine, event_type: str, run_id: str = "run-a") -> Counter[int]:
+    ev = dataset_usage_events.c
+    with engine.connect() as c:
+        rows = c.scalars(
+            sa.select(ev.row_id).where(ev.run_id == run_id, ev.event_type == event_type)
+        ).all()
+    return Counter(rows)
+
+
+def all_row_ids(engine: Engine, run_id: str = "run-a") -> set[int]:
+    with engine.connect() as c:
+        return set(c.scalars(sa.select(rollout_run.c.id).where(rollout_run.c.run_id == run_id)))
+
+
+def test_append_is_idempotent(log: DurableLog, engine: Engine) -> None:
+    t = make_trajectory("t1", reward=1.0)
+    assert log.append(t, "/b/t1") is True
+    assert log.append(t, "/b/t1") is False
+    assert log.append_many([(t, "/b/t1"), (t, "/b/t1")]) == 0
+    assert len(all_row_ids(engine)) == 1
+    assert sum(events(engine, "INSERT").values()) == 1
+    [stats] = log.task_stats("run-a")
+    assert (stats.attempts, stats.successes) == (1, 1)  # counted once, not three times
+
+
+def test_task_stats_follow_appends(log: DurableLog) -> None:
+    log.append_many(
+        [
+            (make_trajectory("a", reward=1.0, n_steps=3, version=2), "/b/a"),
+            (make_trajectory("b", reward=0.0), "/b/b"),
+            (make_trajectory("c", reward=1.0, n_steps=5, version=4), "/b/c"),
+            (make_trajectory("d", status=Status.ENV_ERROR, n_steps=0), "/b/d"),
+            (make_trajectory("e", task_id="other", reward=0.0), "/b/e"),
+        ]
+    )
+    log.append(make_trajectory("f", reward=0.0, n_steps=1), "/b/f")
+    by_task = {s.task_id: s for s in log.task_stats("run-a")}
+    s = by_task["task-0"]
+    # 4 trainable attempts (a, b, c, f); 2 successes with 3 + 5 steps; d is an env failure.
+    assert (s.attempts, s.successes, s.failures_env) == (4, 2, 1)
+    assert (s.success_steps_total, s.success_steps_max) == (8, 5)
+    assert s.success_rate == pytest.approx(0.5)
+    # the newest success stays the replay candidate after a later failure (f)
+    assert (s.last_success_trajectory_id, s.last_success_uri, s.last_success_version) == (
+        "c",
+        "/b/c",
+        4,
+    )
+    assert (by_task["other"].attempts, by_task["other"].successes) == (1, 0)
+    assert log.recent_outcomes("run-a", "task-0", 2) == [0.0, 1.0]  # f, then c
+
+
+def test_claim_marks_rows_and_ack_consumes(log: DurableLog, engine: Engine) -> None:
+    fill(log, 10)
+    claim = log.claim("run-a", 4, consumer="c1", lease_s=60)
+    assert len(claim) == 4
+    assert [r.trajectory_id for r in claim.rows] == ["t0", "t1", "t2", "t3"]  # oldest first
+    again = log.claim("run-a", 10, consumer="c2", lease_s=60)
+    assert set(again.row_ids).isdisjoint(claim.row_ids) and len(again) == 6
+    assert log.ack(claim) == 4
+    assert log.ack(claim) == 0  # a retried ack is a no-op, not a second use
+    buf = log.buffer("run-a")
+    assert buf == {(0, RowState.CONSUMED): 4, (0, RowState.CLAIMED): 6}
+    assert events(engine, "ACK") == Counter({i: 1 for i in claim.row_ids})
+    with engine.connect() as c:
+        used = c.scalars(sa.select(rollout_run.c.used).where(rollout_run.c.id.in_(claim.row_ids)))
+        assert set(used) == {1}
+
+
+def test_claim_with_same_id_returns_the_same_rows(log: DurableLog) -> None:
+    fill(log, 6)
+    first = log.claim("run-a", 3, consumer="c", lease_s=60, claim_id="fixed-claim")
+    retry = log.claim("run-a", 3, consumer="c", lease_s=60, claim_id="fixed-claim")
+    assert retry.row_ids == first.row_ids
+
+
+def test_min_version_and_drop_stale(log: DurableLog, engine: Engine) -> None:
+    fill(log, 3, version=1)
+    log.append_many([(make_trajectory(f"n{i}", version=5), f"/b/n{i}") for i in range(3)])
+    fresh = log.claim("run-a", 10, consumer="c", lease_s=60, min_version=4)
+    assert {r.version_num for r in fresh.rows} == {5} and len(fresh) == 3
+    assert log.drop_stale("run-a", min_version=4) == 3
+    assert log.claim("run-a", 10, consumer="c", lease_s=60).rows == ()
+    assert sum(events(engine, "DROP").values()) == 3
+    with engine.connect() as c:
+        reasons = set(
+            c.scalars(
+                sa.select(rollout_run.c.drop_reason).where(rollout_run.c.state == RowState.DROPPED)
+            )
+        )
+    assert reasons == {"stale"}
+
+
+def test_drop_release_and_foreign_rows(log: DurableLog) -> None:
+    fill(log, 6)
+    claim = log.claim("run-a", 6, consumer="c", lease_s=60)
+    ids = claim.row_ids
+    assert log.drop(claim, ids[:2], reason="group_env_error") == 2
+    assert log.release(claim, ids[2:4]) == 2
+    assert log.ack(claim, ids[4:]) == 2
+    with pytest.raises(ValueError, match="not in it"):
+        log.ack(claim, [10_000])
+    with pytest.raises(LeaseLostError):
+        log.ack(claim, ids[2:4])  # released rows are no longer held by this claim
+    back = log.claim("run-a", 6, consumer="c2", lease_s=60)
+    assert back.row_ids == ids[2:4]
+
+
+def test_threads_claim_every_row_exactly_once(log: DurableLog, engine: Engine) -> None:
+    fill(log, 240)
+    taken: list[list[int]] = []
+    errors: list[BaseException] = []
+
+    def worker(k: int) -> None:
+        try:
+            while True:
+                claim = log.claim("run-a", 7, consumer=f"thread-{k}", lease_s=120)
+                if not claim.rows:
+                    return
+                log.ack(claim)
+                taken.append(claim.row_ids)
+        except BaseException as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    flat = [i for batch in taken for i in batch]
+    assert len(flat) == len(set(flat)) == 240
+    assert set(flat) == all_row_ids(engine)
+    assert events(engine, "CLAIM") == Counter({i: 1 for i in flat})
+    assert events(engine, "ACK") == Counter({i: 1 for i in flat})
+
+
+def test_processes_claim_every_row_exactly_once(
+    log: DurableLog, engine: Engine, db_url: str
+) -> None:
+    fill(log, 150)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.store.claimer", db_url, "run-a", "--n", "6"],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    acked: list[int] = []
+    for p in procs:
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0
+        acked += [int(x) for line in out.splitlines() for x in line.split()[1:]]
+    assert len(acked) == len(set(acked)) == 150
+    assert events(engine, "ACK") == Counter({i: 1 for i in all_row_ids(engine)})
+
+
+def test_dead_claimer_rows_return_after_lease(log: DurableLog, engine: Engine, db_url: str) -> None:
+    fill(log, 8)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.store.claimer",
+            db_url,
+            "run-a",
+            "--n",
+            "5",
+            "--lease",
+            "1",
+            "--die",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout.split()
+    assert out[0] == "CLAIM"
+    dead_claim_id, dead_ids = out[1], [int(x) for x in out[2:]]
+    # within the lease the rows stay with the dead claimer
+    live = log.claim("run-a", 10, consumer="live", lease_s=60)
+    assert set(live.row_ids).isdisjoint(dead_ids) and len(live) == 3
+    log.ack(live)
+    time.sleep(1.2)
+    back = log.claim("run-a", 10, consumer="live", lease_s=60)
+    assert sorted(back.row_ids) == sorted(dead_ids)
+    log.ack(back)
+    # a late ack from the dead claimer's claim is refused: nothing is trained twice
+    ghost = Claim(dead_claim_id, "ghost", "run-a", back.rows, back.lease_expires_at)
+    with pytest.raises(LeaseLostError):
+        log.ack(ghost)
+    assert events(engine, "EXPIRE") == Counter({i: 1 for i in dead_ids})
+    assert events(engine, "ACK") == Counter({i: 1 for i in all_row_ids(engine)})
+
+
+def test_renew_keeps_rows_past_the_lease(log: DurableLog) -> None:
+    fill(log, 3)
+    claim = log.claim("run-a", 3, consumer="c", lease_s=0.5)
+    claim = log.renew(claim, lease_s=60)
+    time.sleep(0.7)
+    assert log.claim("run-a", 3, consumer="other", lease_s=60).rows == ()
+    assert log.ack(claim) == 3
+
+
+def test_text_that_looks_like_sql_is_stored_verbatim(log: DurableLog) -> None:
+    nasty = "x'); DROP TABLE rollout_run; -- \\ \" `tick` % _ \u00e9\u4e2d\U0001f600"
+    t = make_trajectory(nasty, task_id=nasty, instruction=nasty)
+    assert log.append(t, "/b/nasty")
+    [row] = log.get_rows("run-a", [nasty])
+    assert (row.trajectory_id, row.task_id, row.instruction) == (nasty, nasty, nasty)
+    assert log.task_stats("run-a")[0].task_id == nasty
+
+
+def test_ids_are_case_sensitive(log: DurableLog) -> None:
+    assert log.append(make_trajectory("Traj"), "/b/1")
+    assert log.append(make_trajectory("traj"), "/b/2")  # a different trajectory, not a duplicate
+    assert len(log.get_rows("run-a", ["Traj", "traj"])) == 2
+
+
+def test_runs_are_isolated(log: DurableLog) -> None:
+    fill(log, 3, run_id="run-a")
+    fill(log, 3, run_id="run-b")
+    assert len(log.claim("run-b", 10, consumer="c", lease_s=60)) == 3
+    assert len(log.claim("run-a", 10, consumer="c", lease_s=60)) == 3

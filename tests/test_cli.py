@@ -1,0 +1,109 @@
+"""The `dart-ray` commands against a real SQLite log and a real MariaDB."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dart_ray.cli import main
+from dart_ray.config import load_config
+from dart_ray.records import Status
+from dart_ray.store import open_store
+from dart_ray.store.runs import register_run
+from tests.conftest import mysql_database_url
+from tests.factories import make_trajectory
+
+
+def _populate(overrides: list[str]) -> None:
+    cfg = load_config(None, overrides)
+    store = open_store(cfg, init=True)
+    register_run(store.engine, "run-a", "demo", cfg.redacted())
+    items = [
+        (
+            make_trajectory(
+                f"t{i}", task_id=f"task-{i % 2}", reward=float(i % 3 == 0), version=i % 3
+            ),
+            f"/b/{i}",
+        )
+        for i in range(12)
+    ]
+    items.append((make_trajectory("env", status=Status.ENV_ERROR, n_steps=0), "/b/env"))
+    store.log.append_many(items)
+    claim = store.log.claim("run-a", 5, consumer="test", lease_s=60)
+    store.log.ack(claim, claim.row_ids[:3])
+    cid = store.checkpoints.create("run-a", 1)
+    store.checkpoints.start(cid)
+    store.checkpoints.complete(cid, "/ckpt/v1")
+    store.dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("mysql", marks=pytest.mark.mysql)])
+def test_db_init_and_status(
+    backend: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gen = None
+    overrides = [f"run.root_dir={tmp_path}"]
+    if backend == "mysql":
+        gen = mysql_database_url()
+        overrides.append(f"store.dsn={next(gen)}")
+    try:
+        assert main(["db", "init", *overrides]) == 0
+        assert main(["status", *overrides]) == 0
+        assert "no record of any run" in capsys.readouterr().out
+        _populate(overrides)
+        assert main(["status", "--run", "run-a", *overrides]) == 0
+        out = capsys.readouterr().out
+        assert "run run-a (demo) RUNNING" in out
+        assert "trajectories in the log" in out and "per-task success" in out
+        # 13 rows: 5 claimed, of which 3 acked -> consumed 3, claimed 2, available 8
+        rows = [[c.strip() for c in line.split("│")] for line in out.splitlines()]
+        assert next(r[2:6] for r in rows if r[1:2] == ["all"]) == ["8", "2", "3", "0"]
+        assert "newest checkpoint: v1 COMPLETED" in out
+        assert main(["status", "--run", "nope", *overrides]) == 1
+    finally:
+        if gen is not None:
+            for _ in gen:
+                pass
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["status", "store.dsn=nonsense"], "store.dsn = 'nonsense': not a database URL"),
+        (
+            ["status", "store.dsn=mysql+pymysql://root@127.0.0.1:1/x", "store.retries=0"],
+            "cannot reach the database server at 127.0.0.1:1",
+        ),
+        (["db", "init", "algo.eps_low=0"], "algo.eps_low = 0: Input should be greater than 0"),
+        (
+            ["status", "--config", "/nonexistent.toml"],
+            "config file /nonexistent.toml does not exist",
+        ),
+    ],
+)
+def test_errors_are_one_line_and_exit_2(args: list[str], expected: str, tmp_path: Path) -> None:
+    p = subprocess.run(
+        [sys.executable, "-m", "dart_ray.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert p.returncode == 2, p.stderr
+    assert expected in p.stderr
+    assert "Traceback" not in p.stderr
+    if "invalid configuration" not in p.stderr:
+        assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_config_show_masks_and_documents(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["config", "show", "store.dsn=mysql+pymysql://dart@db/dart", "run.name=x"]) == 0
+    out = capsys.readouterr().out
+    assert '"name": "x"' in out and "mysql+pymysql://dart@db/dart" in out
+    assert main(["config", "show", "--docs"]) == 0
+    assert "Trajectories kept in flight" in capsys.readouterr().out

@@ -1,0 +1,120 @@
+"""Config: TOML + overrides, validation that names the key, secrets never in the config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dart_ray.config import Config, ConfigError, field_docs, load_config, read_secret, redact
+from dart_ray.store import resolve_url
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_shipped_configs_load() -> None:
+    for path in sorted((REPO / "configs").glob("*.toml")):
+        assert isinstance(load_config(path), Config), path
+
+
+def test_overrides_take_toml_values() -> None:
+    c = load_config(
+        REPO / "configs" / "tiny-cpu.toml",
+        [
+            "algo.eps_high=0.2",
+            "run.mode=sync",
+            'run.name="a b"',
+            "curation.success_replay=false",
+            "policy.model_path=/m/x",
+        ],
+    )
+    assert c.algo.eps_high == 0.2
+    assert c.run.mode == "sync" and c.run.name == "a b"
+    assert c.curation.success_replay is False
+    assert c.policy.model_path == Path("/m/x")
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("algo.eps_high=-1", "algo.eps_high = -1: Input should be greater than 0"),
+        ("run.mode=async", "run.mode = 'async': Input should be 'decoupled' or 'sync'"),
+        ("env.num_sessions=many", "env.num_sessions = 'many'"),
+        ("algo.eps_hihg=0.2", "algo.eps_hihg: unknown key"),
+        ("nosuch.key=1", "nosuch: unknown key"),
+        ("run.run_id=../x", "run.run_id = '../x': must be 1-128 characters"),
+    ],
+)
+def test_errors_name_the_key_and_value(override: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert expected in str(e.value)
+
+
+def test_bad_files_are_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[algo\neps_high = 0.2\n")
+    with pytest.raises(ConfigError, match=r"bad.toml is not valid TOML"):
+        load_config(bad)
+    wrong = tmp_path / "wrong.toml"
+    wrong.write_text("[train]\nlr = 'fast'\n")
+    with pytest.raises(ConfigError, match=r"wrong.toml\):\n  train.lr = 'fast'"):
+        load_config(wrong)
+    with pytest.raises(ConfigError, match="expected key=value"):
+        load_config(None, ["algo.eps_high"])
+
+
+def test_password_in_dsn_is_refused_and_masked() -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["store.dsn=mysql+pymysql://dart:hunter2@db:3306/dart"])
+    assert "hunter2" not in str(e.value)
+    assert "contains a password" in str(e.value)
+
+
+def test_password_comes_from_env_or_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    c = load_config(None, ["store.dsn=mysql+pymysql://dart@db:3306/dart"])
+    monkeypatch.delenv("DART_RAY_DB_PASSWORD", raising=False)
+    assert resolve_url(c).password is None
+    monkeypatch.setenv("DART_RAY_DB_PASSWORD", "from-env")
+    assert resolve_url(c).password == "from-env"
+    f = tmp_path / "pw"
+    f.write_text("from-file\n")
+    c2 = load_config(
+        None, ["store.dsn=mysql+pymysql://dart@db:3306/dart", f"store.password_file={f}"]
+    )
+    assert resolve_url(c2).password == "from-file"
+    assert "from-file" not in str(c2.redacted()) and "from-env" not in str(c2.redacted())
+    with pytest.raises(ConfigError, match="cannot read secret file"):
+        read_secret(None, tmp_path / "absent")
+
+
+def test_dsn_env_may_hold_a_password_but_never_shows_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MY_DSN", "mysql+pymysql://dart:s3cret@db:3306/dart")
+    c = load_config(None, ["store.dsn_env=MY_DSN"])
+    assert resolve_url(c).password == "s3cret"
+    assert "s3cret" not in str(c.redacted())
+    monkeypatch.delenv("MY_DSN")
+    with pytest.raises(ConfigError, match=r"names \$MY_DSN, which is not set"):
+        resolve_url(c)
+
+
+def test_redact_masks_secret_keys_and_url_passwords() -> None:
+    got = redact(
+        {
+            "a": {"api_token": "t0k", "token_env": "TOKEN", "url": "mysql://u:pw@h/d"},
+            "b": ["x://u:p@h"],
+        }
+    )
+    assert got == {
+        "a": {"api_token": "***", "token_env": "TOKEN", "url": "mysql://u:***@h/d"},
+        "b": ["x://u:***@h"],
+    }
+
+
+def test_every_field_is_documented() -> None:
+    rows = field_docs()
+    assert len(rows) > 50
+    undocumented = [k for k, _, doc in rows if not doc]
+    assert undocumented == []
