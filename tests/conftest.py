@@ -1,8 +1,8 @@
 """Shared fixtures: a fresh durable log on SQLite and on real MariaDB/MySQL (marker `mysql`).
 
-The MySQL server comes from DART_RAY_TEST_MYSQL_DSN (a server URL without a database, e.g.
-mysql+pymysql://root@127.0.0.1:3306, which is also the default: the local MariaDB that
-`.ci/run` starts). Each test gets its own database, dropped afterwards. If the server does not
+The MySQL server comes from DART_RAY_TEST_MYSQL_DSN (a server URL without a database), else
+from the DSN file scripts/start-mariadb.sh writes when it creates a test account, else the
+local MariaDB on 127.0.0.1:3306 as root over loopback. Each test gets its own database, dropped afterwards. If the server does not
 answer, the mysql tests fail rather than skip: deselect them with `-m "not mysql"`.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -19,7 +20,22 @@ from sqlalchemy.engine import Engine
 from dart_ray.store.db import create_engine, init_schema
 from dart_ray.store.log import DurableLog
 
-MYSQL_SERVER = os.environ.get("DART_RAY_TEST_MYSQL_DSN", "mysql+pymysql://root@127.0.0.1:3306")
+
+def _mysql_server() -> str:
+    if dsn := os.environ.get("DART_RAY_TEST_MYSQL_DSN"):
+        return dsn
+    # written by scripts/start-mariadb.sh when it had to create a test account
+    f = (
+        Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config"))
+        / "dart-ray"
+        / "test-mysql-dsn"
+    )
+    if f.is_file():
+        return f.read_text().strip()
+    return "mysql+pymysql://root@127.0.0.1:3306"
+
+
+MYSQL_SERVER = _mysql_server()
 
 
 def mysql_database_url() -> Iterator[str]:

@@ -1,0 +1,39 @@
+# The two commands of the README:
+#   make run    set up (idempotent) and run the main job on the embedded default
+#   make test   set up (idempotent), start MariaDB if needed, lint, and run the tests
+#
+# torch is installed first and pinned to 2.13.0: on machines like ours pip takes the CPU build
+# from local disk, and an unpinned torch would pull a multi-GB CUDA build. Set TORCH_SPEC to
+# change it (e.g. TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu").
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?= -m "not gpu"
+
+.PHONY: run test lint install clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH_SPEC)
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/dart-ray db init
+	$(VENV)/bin/dart-ray status
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: $(STAMP) lint
+	bash scripts/start-mariadb.sh
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache
