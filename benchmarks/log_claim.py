@@ -1,0 +1,536 @@
+"""How fast a trainer gets its next batch out of the durable log as the run's table grows.
+
+DART-GUI assembles a training batch by polling every 30 s: it reads *every* row of the run
+from `rollout_run` into Python, filters in memory (`used == 0`, one of the 2 newest model
+versions, reward != -1), groups by task, keeps tasks with >= 8 rollouts, picks 8 x 8 rows and
+then marks each chosen row `used += 1` with its own UPDATE and commit. The read grows
+linearly with the run: a run that logs ~10 rollouts/s reaches 1M rows in about a day.
+
+`DurableLog.claim` instead follows the index `ix_rollout_run_claim` (run_id, state,
+version_num, id): equality on (run_id, state), a range on version_num, and the ORDER BY is the
+index order, so InnoDB reads and locks just the n rows it returns, whatever the table size.
+
+This script measures, on MariaDB, in one run:
+
+1. For each table size (the run's rows; another run adds 10% more rows so the run filter
+   matters), filled server-side with INSERT ... SELECT over a sequence table:
+   the claim of `--batch` rows (claim timed alone, ack separately), its EXPLAIN/ANALYZE plan,
+   and DART-GUI's batch assembly on the same table (read, select in pandas, per-row UPDATEs).
+2. Append throughput on a fresh table: a new connection per trajectory (NullPool), pooled
+   `append` of one trajectory, pooled `append_many` of 256.
+
+The DART-GUI side is reproduced favourably to it: its release reads through ORM objects and
+`to_dict()` per row, which is slower than the raw cursor used here, and the success-replay
+step it runs on the frame is left out. The ratios reported are therefore lower bounds.
+
+    .venv/bin/python benchmarks/log_claim.py [--rows 100000 1000000] [--dsn mysql+pymysql://...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import sqlalchemy as sa
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy.pool import NullPool
+
+from dart_ray.records import Trajectory
+from dart_ray.store.db import create_engine, init_schema
+from dart_ray.store.log import DurableLog
+from dart_ray.testing.mariadb import TemporaryMariaDB
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RUN_A = "results/bench_pass8_gpu8_env64_maxstep30_20250902_2305"
+RUN_B = "results/bench_pass8_gpu8_env64_maxstep30_20250826_1854"
+N_TASKS = 40
+N_VERSIONS = 20
+OTHER_RUN_EVERY = 11  # every 11th row belongs to RUN_B: RUN_B has 10% as many rows as RUN_A
+SEQ_CHUNK = 100_000  # rows per INSERT ... SELECT
+INSTRUCTIONS = (
+    "Open the spreadsheet on the desktop and sum column B into cell B20",
+    "Change the default search engine of Chrome to Bing and restart the browser",
+    "In the terminal, find all .log files larger than 1MB under /var and list them",
+    "Insert a page number in the footer of the open LibreOffice Writer document",
+    "Mute the notifications of the chat application for the next eight hours please",
+)
+console = Console(width=None if sys.stdout.isatty() else 160)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def ms(seconds: list[float]) -> dict[str, float]:
+    a = np.asarray(seconds) * 1000.0
+    return {"median": float(np.median(a)), "p90": float(np.percentile(a, 90)), "n": len(a)}
+
+
+@contextmanager
+def timer(into: dict[str, float], name: str) -> Iterator[None]:
+    t0 = time.perf_counter()
+    yield
+    into[name] = into.get(name, 0.0) + time.perf_counter() - t0
+
+
+def fresh_database(server: URL, name: str) -> Engine:
+    """Drop and recreate database `name`, build the schema, and return an engine on it."""
+    admin = sa.create_engine(server, poolclass=NullPool)
+    with admin.begin() as c:
+        c.exec_driver_sql(f"DROP DATABASE IF EXISTS `{name}`")
+        c.exec_driver_sql(
+            f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci"
+        )
+    admin.dispose()
+    engine = create_engine(server.set(database=name))
+    init_schema(engine)
+    return engine
+
+
+# --------------------------------------------------------------------------- fill
+
+# One chunk of rows for positions g in [base, base + 100k) of `total`; `t` is the task (40),
+# `v` the version (20, rising with g as a real run's would), `h` a per-row hash for ids.
+_FILL_SQL = """
+INSERT INTO rollout_run (run_id, trajectory_id, task_id, trace_id, uri, reward, num_steps,
+                         status, state, used, model_version, version_num, instruction)
+SELECT r.run_id,
+       CONCAT(r.task, '_trace_', LEFT(r.h, 12), '_', 1755501336 + r.g),
+       r.task,
+       CONCAT(r.task, '_trace_', LEFT(r.h, 12)),
+       CONCAT('s3://dart-rollouts/', IF(r.run_id = :run_a, 'a', 'b'), '/v', r.v, '/',
+              LEFT(r.h, 24), '/traj.parquet'),
+       IF(MOD(CONV(SUBSTR(r.h, 13, 4), 16, 10), 100) < 10 + 12 * MOD(r.t, 7), 1.0, 0.0),
+       1 + MOD(CONV(SUBSTR(r.h, 17, 4), 16, 10), 30),
+       'OK', 0, 0, CONCAT('v', r.v), r.v,
+       CONCAT(ELT(1 + MOD(r.t, 5), :i0, :i1, :i2, :i3, :i4), ' (task ', r.t, ')')
+FROM (
+    SELECT q.g, q.t, q.h,
+           IF(MOD(q.g, :every) = :every - 1, :run_b, :run_a) AS run_id,
+           q.g * :versions DIV :total AS v,
+           CONCAT_WS('-', SUBSTR(q.m, 1, 8), SUBSTR(q.m, 9, 4), SUBSTR(q.m, 13, 4),
+                     SUBSTR(q.m, 17, 4), SUBSTR(q.m, 21, 12)) AS task
+    FROM (
+        SELECT s.n + :base AS g,
+               MOD(CRC32(CONCAT('t', s.n + :base)), :tasks) AS t,
+               MD5(CONCAT('task-', MOD(CRC32(CONCAT('t', s.n + :base)), :tasks))) AS m,
+               MD5(s.n + :base) AS h
+        FROM bench_seq s
+        WHERE s.n + :base < :total
+    ) q
+) r
+"""
+
+
+def fill(engine: Engine, n_run: int) -> dict[str, Any]:
+    """Put `n_run` rows of RUN_A (and n_run/10 of RUN_B, interleaved) in `rollout_run`."""
+    total = n_run * OTHER_RUN_EVERY // (OTHER_RUN_EVERY - 1)
+    digits = ", ".join(f"bench_digits d{i}" for i in range(5))
+    seq = " + ".join(f"{10**i} * d{i}.d" for i in range(5))
+    t0 = time.perf_counter()
+    with engine.begin() as c:
+        c.exec_driver_sql("CREATE TABLE bench_digits (d INT NOT NULL PRIMARY KEY)")
+        c.exec_driver_sql(
+            f"INSERT INTO bench_digits VALUES {','.join(f'({i})' for i in range(10))}"
+        )
+        c.exec_driver_sql("CREATE TABLE bench_seq (n INT NOT NULL PRIMARY KEY)")
+        c.exec_driver_sql(f"INSERT INTO bench_seq SELECT {seq} FROM {digits}")
+    params: dict[str, Any] = {
+        "run_a": RUN_A,
+        "run_b": RUN_B,
+        "every": OTHER_RUN_EVERY,
+        "versions": N_VERSIONS,
+        "tasks": N_TASKS,
+        "total": total,
+        **{f"i{i}": s for i, s in enumerate(INSTRUCTIONS)},
+    }
+    for base in range(0, total, SEQ_CHUNK):
+        with engine.begin() as c:
+            c.execute(sa.text(_FILL_SQL), {**params, "base": base})
+    fill_s = time.perf_counter() - t0
+    with engine.begin() as c:
+        c.exec_driver_sql("DROP TABLE bench_seq, bench_digits")
+        c.exec_driver_sql("ANALYZE TABLE rollout_run").all()
+        counts = dict(
+            c.exec_driver_sql("SELECT run_id, COUNT(*) FROM rollout_run GROUP BY run_id").all()
+        )
+    if counts.get(RUN_A) != n_run:
+        raise RuntimeError(f"fill: expected {n_run} rows of {RUN_A}, got {counts}")
+    return {"fill_s": fill_s, "analyze_s": time.perf_counter() - t0 - fill_s, "rows": counts}
+
+
+# --------------------------------------------------------------------------- claim
+
+
+def _handler_reads(c: sa.Connection) -> dict[str, int]:
+    rows = c.exec_driver_sql("SHOW SESSION STATUS LIKE 'Handler%%'").all()
+    return {str(k): int(v) for k, v in rows if str(k).startswith(("Handler_read", "Handler_icp"))}
+
+
+def explain_claim(engine: Engine, log: DurableLog, batch: int, min_version: int) -> dict[str, Any]:
+    """EXPLAIN the claim's SELECT as it is sent, run it once counting the index entries the
+    handler reads (Handler_read_*), and on MariaDB ANALYZE it (which runs it too)."""
+    query = log.claim_query(RUN_A, batch, min_version)
+    sql = str(query.compile(dialect=engine.dialect, compile_kwargs={"literal_binds": True}))
+    sql = " ".join(sql.split())
+    with engine.begin() as c:
+        plan = [dict(r._mapping) for r in c.exec_driver_sql(f"EXPLAIN {sql}")]
+        before = _handler_reads(c)
+        returned = len(c.exec_driver_sql(sql).all())
+        after = _handler_reads(c)
+        is_mariadb = "mariadb" in str(c.exec_driver_sql("SELECT VERSION()").scalar()).lower()
+        analyze = (
+            [dict(r._mapping) for r in c.exec_driver_sql(f"ANALYZE {sql}")] if is_mariadb else []
+        )
+    reads = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+    extra = " ".join(str(p.get("Extra") or "") for p in plan).lower()
+    return {
+        "sql": sql,
+        "explain": plan,
+        "analyze": analyze,
+        "key": [p.get("key") for p in plan],
+        "access_type": [p.get("type") for p in plan],
+        "uses_claim_index": [p.get("key") for p in plan] == ["ix_rollout_run_claim"],
+        "filesort": "filesort" in extra,
+        "rows_returned": returned,
+        # Entries the index scan stepped over: those returned (Handler_read_*) plus those that
+        # index condition pushdown rejected inside InnoDB, which neither Handler_read_next nor
+        # ANALYZE's r_rows count (MariaDB's Handler_icp_attempts - Handler_icp_match).
+        "handler_reads": reads,
+        "index_entries_read": sum(v for k, v in reads.items() if k.startswith("Handler_read"))
+        + reads.get("Handler_icp_attempts", 0)
+        - reads.get("Handler_icp_match", 0),
+    }
+
+
+def bench_claims(log: DurableLog, batch: int, repeats: int, min_version: int) -> dict[str, Any]:
+    """`repeats` x (claim `batch` rows, then ack them); the first, warm-up pair is not timed."""
+
+    def claim_once() -> tuple[float, float]:
+        t0 = time.perf_counter()
+        claim = log.claim(RUN_A, batch, consumer="bench", lease_s=600, min_version=min_version)
+        t1 = time.perf_counter()
+        if len(claim) != batch or min(r.version_num for r in claim.rows) < min_version:
+            raise RuntimeError(f"claim returned {len(claim)} rows, wanted {batch}")
+        log.ack(claim)
+        return t1 - t0, time.perf_counter() - t1
+
+    claim_once()
+    timings = [claim_once() for _ in range(repeats)]
+    claim_s = [c for c, _ in timings]
+    ack_s = [a for _, a in timings]
+    return {"claim_ms": ms(claim_s), "ack_ms": ms(ack_s), "claim_s": claim_s, "ack_s": ack_s}
+
+
+# --------------------------------------------------------------------------- DART-GUI
+
+
+def dart_gui_pick(df: pd.DataFrame, rng: np.random.RandomState) -> list[int]:
+    """DART-GUI's selection: unused rows of the 2 newest versions, reward != -1, tasks with
+    >= 8 of them and mean reward in [0, 1), 8 rows each from up to 8 tasks."""
+    top_mvs = {f"v{v}" for v in sorted(df["version_num"].unique())[-2:]}
+    cand = df[(df["used"] == 0) & df["model_version"].isin(top_mvs) & (df["reward"] != -1)]
+    chosen: list[pd.DataFrame] = []
+    for _, group in cand.groupby("task_id", sort=False):
+        if len(group) < 8 or not 0 <= group["reward"].mean() < 1:
+            continue
+        chosen.append(group.sample(8, random_state=rng))
+        if len(chosen) == 8:
+            break
+    return [int(i) for i in pd.concat(chosen)["id"]]
+
+
+def dart_gui_batch(engine: Engine, rng: np.random.RandomState) -> dict[str, float]:
+    """One batch assembly: read the whole run, pick 64 rows, one UPDATE + commit per row."""
+    phases: dict[str, float] = {}
+    raw = engine.raw_connection()
+    try:
+        cur = raw.cursor()
+        with timer(phases, "read"):
+            cur.execute("SELECT * FROM rollout_run WHERE run_id=%s", (RUN_A,))
+            columns = [d[0] for d in cur.description]
+            df = pd.DataFrame(cur.fetchall(), columns=columns)
+        with timer(phases, "select"):
+            ids = dart_gui_pick(df, rng)
+        with timer(phases, "update"):
+            for row_id in ids:
+                cur.execute("UPDATE rollout_run SET used = used + 1 WHERE id = %s", (row_id,))
+                if cur.rowcount != 1:
+                    raise RuntimeError(f"UPDATE of row {row_id} matched {cur.rowcount} rows")
+                raw.commit()
+    finally:
+        raw.close()
+    if len(ids) != 64:
+        raise RuntimeError(f"DART-GUI pick returned {len(ids)} rows, wanted 64")
+    phases["total"] = phases["read"] + phases["select"] + phases["update"]
+    phases["rows_read"] = float(len(df))
+    return phases
+
+
+def bench_dart_gui(engine: Engine, repeats: int, budget_s: float) -> dict[str, Any]:
+    """Up to `repeats` batch assemblies; stops early (after at least 3) past `budget_s`."""
+    rng = np.random.RandomState(0)
+    reps: list[dict[str, float]] = []
+    t0 = time.perf_counter()
+    while len(reps) < repeats and (len(reps) < 3 or time.perf_counter() - t0 < budget_s):
+        reps.append(dart_gui_batch(engine, rng))
+    with engine.connect() as c:
+        twice = c.execute(sa.text("SELECT COUNT(*) FROM rollout_run WHERE used > 1")).scalar()
+    if twice:
+        raise RuntimeError(f"{twice} rows were marked used twice")
+    out: dict[str, Any] = {f"{k}_ms": ms([r[k] for r in reps]) for k in reps[0] if k != "rows_read"}
+    out["rows_read"] = int(reps[0]["rows_read"])
+    out["reps"] = reps
+    return out
+
+
+# --------------------------------------------------------------------------- appends
+
+
+def _factory() -> Callable[..., Trajectory]:
+    sys.path.insert(0, str(REPO_ROOT))
+    from tests.factories import make_trajectory
+
+    return make_trajectory
+
+
+def _items(prefix: str, n: int) -> list[tuple[Trajectory, str]]:
+    make_trajectory = _factory()
+    out: list[tuple[Trajectory, str]] = []
+    for i in range(n):
+        tid = f"{prefix}-{i:07d}"
+        traj = make_trajectory(
+            tid,
+            run_id=RUN_A,
+            task_id=f"task-{i % N_TASKS:02d}",
+            reward=float(i % 3 == 0),
+            version=i // 1000,
+            n_steps=2,
+            instruction=INSTRUCTIONS[i % len(INSTRUCTIONS)],
+        )
+        out.append((traj, f"s3://dart-rollouts/a/v{i // 1000}/{tid}/traj.parquet"))
+    return out
+
+
+def bench_appends(engine: Engine, counts: tuple[int, int, int], batch: int) -> dict[str, Any]:
+    """rows/s of (a) a new connection per append, (b) pooled append, (c) pooled append_many."""
+    per_conn = sa.create_engine(
+        engine.url,
+        poolclass=NullPool,
+        isolation_level="READ COMMITTED",
+        connect_args={"charset": "utf8mb4"},
+    )
+    pooled = DurableLog(engine)
+    modes: list[tuple[str, DurableLog, int, int]] = [
+        ("new connection per append", DurableLog(per_conn), counts[0], 1),
+        ("pooled append", pooled, counts[1], 1),
+        (f"pooled append_many({batch})", pooled, counts[2], batch),
+    ]
+    out: dict[str, Any] = {}
+    for i, (name, log, n, size) in enumerate(modes):
+        items = _items(f"m{i}", n)
+        t0 = time.perf_counter()
+        for j in range(0, n, size):
+            chunk = items[j : j + size]
+            new = log.append(*chunk[0]) if size == 1 else log.append_many(chunk)
+            if int(new) != len(chunk):
+                raise RuntimeError(f"{name}: an append was not new")
+        seconds = time.perf_counter() - t0
+        out[name] = {"rows": n, "batch": size, "seconds": seconds, "rows_per_s": n / seconds}
+    per_conn.dispose()
+    base = next(iter(out.values()))["rows_per_s"]
+    for v in out.values():
+        v["vs_new_connection"] = v["rows_per_s"] / base
+    return out
+
+
+# --------------------------------------------------------------------------- run and report
+
+
+def machine_info(engine: Engine) -> dict[str, Any]:
+    with engine.connect() as c:
+        server = dict(
+            c.exec_driver_sql(
+                "SELECT VERSION() AS version, @@innodb_buffer_pool_size AS buffer_pool_bytes, "
+                "@@innodb_flush_log_at_trx_commit AS flush_log_at_trx_commit, "
+                "@@innodb_log_file_size AS log_file_size_bytes"
+            )
+            .one()
+            ._mapping
+        )
+    return {
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "pandas": pd.__version__,
+        "sqlalchemy": sa.__version__,
+        "server": {k: (int(v) if isinstance(v, int) else str(v)) for k, v in server.items()},
+    }
+
+
+def bench_size(server: URL, args: argparse.Namespace, n_run: int) -> dict[str, Any]:
+    engine = fresh_database(server, args.database)
+    try:
+        console.log(f"{n_run:,} rows: filling")
+        filled = fill(engine, n_run)
+        console.log(f"{n_run:,} rows: filled in {filled['fill_s']:.1f} s; claims")
+        log = DurableLog(engine)
+        min_version = N_VERSIONS - 1 - 2
+        plan = explain_claim(engine, log, args.batch, min_version)
+        claims = bench_claims(log, args.batch, args.claims, min_version)
+        console.log(f"{n_run:,} rows: DART-GUI batch assembly")
+        dart = bench_dart_gui(engine, args.dart_reps, args.dart_budget_s)
+    finally:
+        engine.dispose()
+    return {
+        "n_run_rows": n_run,
+        "n_table_rows": sum(filled["rows"].values()),
+        "fill": filled,
+        "claim_plan": plan,
+        "claim": claims,
+        "dart_gui": dart,
+        "dart_gui_over_claim": dart["total_ms"]["median"] / claims["claim_ms"]["median"],
+    }
+
+
+def summarize(sizes: list[dict[str, Any]]) -> dict[str, Any]:
+    first, last = sizes[0], sizes[-1]
+
+    def growth(key: str, metric: str) -> float:
+        return last[key][metric]["median"] / first[key][metric]["median"]
+
+    return {
+        "from_rows": first["n_run_rows"],
+        "to_rows": last["n_run_rows"],
+        "table_growth": last["n_run_rows"] / first["n_run_rows"],
+        "claim_growth": growth("claim", "claim_ms"),
+        "dart_gui_growth": growth("dart_gui", "total_ms"),
+        "dart_gui_over_claim": {s["n_run_rows"]: s["dart_gui_over_claim"] for s in sizes},
+    }
+
+
+def report(results: dict[str, Any]) -> None:
+    sizes = results["sizes"]
+    t = Table(title=f"Next batch of {results['args']['batch']} rows: claim vs DART-GUI poll")
+    for col in ("run rows", "table rows", "fill s", "claim med ms", "claim p90 ms", "ack med ms"):
+        t.add_column(col, justify="right")
+    for col in ("DART-GUI med ms", "read / select / update ms", "reps", "DART-GUI / claim"):
+        t.add_column(col, justify="right")
+    for s in sizes:
+        c, d = s["claim"], s["dart_gui"]
+        t.add_row(
+            f"{s['n_run_rows']:,}",
+            f"{s['n_table_rows']:,}",
+            f"{s['fill']['fill_s']:.1f}",
+            f"{c['claim_ms']['median']:.2f}",
+            f"{c['claim_ms']['p90']:.2f}",
+            f"{c['ack_ms']['median']:.2f}",
+            f"{d['total_ms']['median']:,.0f}",
+            " / ".join(f"{d[k]['median']:,.0f}" for k in ("read_ms", "select_ms", "update_ms")),
+            str(d["total_ms"]["n"]),
+            f"{s['dart_gui_over_claim']:,.0f}x",
+        )
+    console.print(t)
+    sm = results["summary"]
+    console.print(
+        f"{sm['from_rows']:,} -> {sm['to_rows']:,} rows ({sm['table_growth']:.0f}x): claim median "
+        f"x{sm['claim_growth']:.2f}, DART-GUI median x{sm['dart_gui_growth']:.2f}"
+    )
+    e = Table(title="Claim plan (EXPLAIN; r_rows from ANALYZE; entries read from Handler_read_*)")
+    cols = ("type", "key", "key_len", "ref", "rows", "r_rows", "Extra")
+    for col in ("run rows", *cols, "index entries read", "filesort"):
+        e.add_column(col)
+    for s in sizes:
+        p = s["claim_plan"]
+        row = (p["analyze"] or p["explain"])[0]
+        e.add_row(
+            f"{s['n_run_rows']:,}",
+            *(str(row.get(k)) for k in cols),
+            f"{p['index_entries_read']:,}",
+            str(p["filesort"]),
+        )
+    console.print(e)
+    console.print(f"[dim]claim SQL: {sizes[0]['claim_plan']['sql']}[/]")
+    a = Table(title="Appends (fresh table)")
+    for col in ("mode", "rows", "seconds", "rows/s", "vs new connection"):
+        a.add_column(col, justify="right")
+    for name, v in results["appends"].items():
+        a.add_row(
+            name,
+            f"{v['rows']:,}",
+            f"{v['seconds']:.2f}",
+            f"{v['rows_per_s']:,.0f}",
+            f"{v['vs_new_connection']:.1f}x",
+        )
+    console.print(a)
+
+
+@contextmanager
+def server_url(args: argparse.Namespace) -> Iterator[URL]:
+    if args.dsn:
+        yield make_url(args.dsn).set(database=None)
+        return
+    with TemporaryMariaDB(buffer_pool=args.buffer_pool) as db:
+        yield make_url(db.url)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000])
+    p.add_argument("--claims", type=int, default=30, help="timed claims per size")
+    p.add_argument("--batch", type=int, default=64, help="rows per claim")
+    p.add_argument("--dart-reps", type=int, default=5, help="DART-GUI batch assemblies per size")
+    p.add_argument("--dart-budget-s", type=float, default=60.0, help="stop after 3 reps past it")
+    p.add_argument("--appends", type=int, nargs=3, default=[200, 1000, 20_000])
+    p.add_argument("--append-batch", type=int, default=256)
+    p.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks/results/log_claim.json")
+    p.add_argument("--dsn", help="an existing server (default: a temporary MariaDB)")
+    p.add_argument("--database", default="dart_ray_bench", help="dropped and recreated!")
+    p.add_argument("--buffer-pool", default="1G", help="of the temporary MariaDB")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    command = shlex.join(sys.orig_argv)
+    console.print(f"[bold]command:[/] {command}")
+    t0 = time.perf_counter()
+    results: dict[str, Any] = {"command": command, "args": vars(args) | {"out": str(args.out)}}
+    with server_url(args) as server:
+        admin = create_engine(server)
+        results["machine"] = machine_info(admin)
+        results["sizes"] = [bench_size(server, args, n) for n in args.rows]
+        console.log("appends")
+        engine = fresh_database(server, args.database)
+        try:
+            results["appends"] = bench_appends(engine, tuple(args.appends), args.append_batch)
+        finally:
+            engine.dispose()
+            with admin.begin() as c:
+                c.exec_driver_sql(f"DROP DATABASE IF EXISTS `{args.database}`")
+            admin.dispose()
+    results["summary"] = summarize(results["sizes"])
+    results["total_runtime_s"] = time.perf_counter() - t0
+    report(results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    console.print(f"wrote {args.out}; total {results['total_runtime_s']:.0f} s")
+    console.print(f"[bold]command:[/] {command}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""Policy losses against numbers worked out by hand (ln values rounded in comments)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dart_ray.algo.losses import (
+    aggregate,
+    gspo_loss,
+    kl_k3,
+    ppo_clip_loss,
+    truncated_is_weight,
+)
+
+LN = math.log
+
+
+def test_ppo_clip_asymmetric_bounds() -> None:
+    # One sample, three tokens, A = +1, eps_low 0.1, eps_high 0.28.
+    # ratios r = [0.5, 1.0, 2.0]; for A > 0 loss = max(-r, -clip(r)) = -min(r, clip(r)):
+    #   r=0.5 -> clip 0.9 -> -min(0.5, 0.9) = -0.5
+    #   r=1.0 -> -1.0
+    #   r=2.0 -> clip 1.28 -> -min(2.0, 1.28) = -1.28 (clipped)
+    # token mean = (-0.5 - 1.0 - 1.28) / 3 = -0.92666...
+    logp_old = torch.zeros(1, 3)
+    logp = torch.tensor([[LN(0.5), 0.0, LN(2.0)]], requires_grad=True)
+    mask = torch.ones(1, 3)
+    loss, m = ppo_clip_loss(logp, logp_old, torch.tensor([1.0]), mask, eps_low=0.1, eps_high=0.28)
+    assert loss.item() == pytest.approx(-2.78 / 3)
+    assert m["clip_frac"] == pytest.approx(1 / 3)
+    loss.backward()
+    # d/dlogp of -r/3 = -r/3 for unclipped tokens; 0 for the clipped one
+    assert logp.grad[0].tolist() == pytest.approx([-0.5 / 3, -1 / 3, 0.0])  # type: ignore[index]
+
+
+def test_ppo_negative_advantage_and_dual_clip() -> None:
+    # A = -1, ratios [0.5, 4.0, 20.0], eps 0.2/0.2, dual clip c = 10.
+    # for A < 0: loss = max(r, clip(r)):
+    #   r=0.5  -> max(0.5, 0.8) = 0.8 (clipped from below)
+    #   r=4.0  -> max(4.0, 1.2) = 4.0; dual clip min(4.0, 10) = 4.0
+    #   r=20.0 -> 20.0; dual clip -> 10.0
+    # mean = (0.8 + 4 + 10) / 3 = 4.9333...
+    logp = torch.tensor([[LN(0.5), LN(4.0), LN(20.0)]])
+    loss, m = ppo_clip_loss(
+        logp,
+        torch.zeros(1, 3),
+        torch.tensor([-1.0]),
+        torch.ones(1, 3),
+        eps_low=0.2,
+        eps_high=0.2,
+        dual_clip=10.0,
+    )
+    assert float(loss) == pytest.approx(14.8 / 3)
+    assert m["dual_clip_frac"] == pytest.approx(1 / 3)
+
+
+def test_mask_excludes_padding_and_aggregation_modes() -> None:
+    # two samples, A = +1, ratio 1 everywhere -> token loss -1 on real tokens, 5.0 on padding
+    # (padding must never count). Sample 0 has 1 real token, sample 1 has 3.
+    loss_tok = torch.tensor([[-1.0, 5.0, 5.0], [-2.0, -2.0, -2.0]])
+    mask = torch.tensor([[1, 0, 0], [1, 1, 1]])
+    # token_mean: (-1 - 6) / 4 = -1.75 ; seq_mean_token_mean: (-1 + -2) / 2 = -1.5
+    assert float(aggregate(loss_tok, mask, "token_mean")) == pytest.approx(-1.75)
+    assert float(aggregate(loss_tok, mask, "seq_mean_token_mean")) == pytest.approx(-1.5)
+
+
+def test_truncated_is_weight_caps() -> None:
+    # pi_old / pi_behaviour = [0.5, 1, 3] ; cap 1.0 -> [0.5, 1, 1] ; cap 2.0 -> [0.5, 1, 2]
+    old = torch.tensor([LN(0.5), 0.0, LN(3.0)])
+    beh = torch.zeros(3)
+    assert truncated_is_weight(old, beh, 1.0).tolist() == pytest.approx([0.5, 1.0, 1.0])
+    assert truncated_is_weight(old, beh, 2.0).tolist() == pytest.approx([0.5, 1.0, 2.0])
+
+
+def test_is_weight_scales_token_losses() -> None:
+    # A = 1, ratio 1: token loss -1; weights [0.5, 1.0] -> mean(-0.5, -1.0) = -0.75
+    loss, _ = ppo_clip_loss(
+        torch.zeros(1, 2),
+        torch.zeros(1, 2),
+        torch.tensor([1.0]),
+        torch.ones(1, 2),
+        eps_low=0.2,
+        eps_high=0.2,
+        is_weight=torch.tensor([[0.5, 1.0]]),
+    )
+    assert float(loss) == pytest.approx(-0.75)
+
+
+def test_kl_k3() -> None:
+    # d = ref - logp. d = 0 -> 0 ; d = ln 2 -> 2 - ln 2 - 1 = 0.30685 ; d = -ln 2 -> 0.5 + ln 2 - 1
+    logp = torch.zeros(3)
+    ref = torch.tensor([0.0, LN(2.0), -LN(2.0)])
+    assert kl_k3(logp, ref).tolist() == pytest.approx([0.0, 1 - LN(2.0), LN(2.0) - 0.5])
+
+
+def test_gspo_uses_the_sequence_ratio() -> None:
+    # one sequence, token log-ratios [ln 2, 0] -> mean ln(2)/2 -> s = sqrt(2) = 1.41421
+    # A = +1, eps_high 0.28 -> clipped to 1.28 -> loss = -min(1.41421, 1.28) = -1.28
+    # a second sequence with A = -1 and log-ratios [0, 0] -> s = 1 -> loss = +1
+    logp = torch.tensor([[LN(2.0), 0.0], [0.0, 0.0]], requires_grad=True)
+    loss, m = gspo_loss(
+        logp,
+        torch.zeros(2, 2),
+        torch.tensor([1.0, -1.0]),
+        torch.ones(2, 2),
+        eps_low=0.1,
+        eps_high=0.28,
+    )
+    assert loss.item() == pytest.approx((-1.28 + 1.0) / 2)
+    assert m["clip_frac"] == pytest.approx(0.5)
