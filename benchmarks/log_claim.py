@@ -306,8 +306,9 @@ def _factory() -> Callable[..., Trajectory]:
     return make_trajectory
 
 
-def _items(prefix: str, n: int) -> list[tuple[Trajectory, str]]:
-    make_trajectory = _factory()
+def _items(
+    make_trajectory: Callable[..., Trajectory], prefix: str, n: int
+) -> list[tuple[Trajectory, str]]:
     out: list[tuple[Trajectory, str]] = []
     for i in range(n):
         tid = f"{prefix}-{i:07d}"
@@ -324,7 +325,12 @@ def _items(prefix: str, n: int) -> list[tuple[Trajectory, str]]:
     return out
 
 
-def bench_appends(engine: Engine, counts: tuple[int, int, int], batch: int) -> dict[str, Any]:
+def bench_appends(
+    engine: Engine,
+    counts: tuple[int, int, int],
+    batch: int,
+    make_trajectory: Callable[..., Trajectory],
+) -> dict[str, Any]:
     """rows/s of (a) a new connection per append, (b) pooled append, (c) pooled append_many."""
     per_conn = sa.create_engine(
         engine.url,
@@ -340,7 +346,7 @@ def bench_appends(engine: Engine, counts: tuple[int, int, int], batch: int) -> d
     ]
     out: dict[str, Any] = {}
     for i, (name, log, n, size) in enumerate(modes):
-        items = _items(f"m{i}", n)
+        items = _items(make_trajectory, f"m{i}", n)
         t0 = time.perf_counter()
         for j in range(0, n, size):
             chunk = items[j : j + size]
@@ -505,6 +511,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    make_trajectory = _factory()  # now, with the rest of the code, not minutes later
     command = shlex.join(sys.orig_argv)
     console.print(f"[bold]command:[/] {command}")
     t0 = time.perf_counter()
@@ -516,7 +523,9 @@ def main(argv: list[str] | None = None) -> int:
         console.log("appends")
         engine = fresh_database(server, args.database)
         try:
-            results["appends"] = bench_appends(engine, tuple(args.appends), args.append_batch)
+            results["appends"] = bench_appends(
+                engine, tuple(args.appends), args.append_batch, make_trajectory
+            )
         finally:
             engine.dispose()
             with admin.begin() as c:

@@ -111,9 +111,11 @@ class Step:
     response_text: str
     action: Action
     screenshot: bytes = b""
-    """PNG of the observation this step acted on."""
+    """PNG of the observation this step acted on (the newest image of its prompt)."""
     entropy: Sequence[float] = ()
     """Per-token entropy of the sampling distribution (may be empty for engines without it)."""
+    num_images: int = 1
+    """Screenshots in this step's prompt: those of steps (step_idx - num_images, step_idx]."""
 
     def __post_init__(self) -> None:
         if len(self.behaviour_logprobs) != len(self.response_ids):
@@ -140,6 +142,10 @@ class Trajectory:
     status: Status
     trace_id: str = ""
     """Groups the retries of one rollout slot (the id of the first attempt)."""
+    group_id: str = ""
+    """The GRPO group (one rollout round of one task) this trajectory belongs to."""
+    group_size: int = 0
+    """How many rollout slots the group has (its final trajectories, retries excluded)."""
     started_at: float = 0.0
     finished_at: float = 0.0
     error: str | None = None
@@ -189,6 +195,7 @@ STEP_SCHEMA = pa.schema(
         ("response_ids", pa.list_(pa.int32())),
         ("behaviour_logprobs", pa.list_(pa.float32())),
         ("entropy", pa.list_(pa.float32())),
+        ("num_images", pa.int16()),
         ("response_text", pa.string()),
         ("action", ACTION_TYPE),
         ("screenshot", pa.binary()),
@@ -209,7 +216,7 @@ SAMPLE_SCHEMA = pa.schema(
         ("behaviour_logprobs", pa.list_(pa.float32())),
         ("loss_mask", pa.list_(pa.int8())),
         ("advantage", pa.float32()),
-        ("image", pa.binary()),
+        ("images", pa.list_(pa.binary())),
     ]
 )
 """One row per step sample, as the curator packs them for a trainer rank."""
@@ -259,6 +266,8 @@ def _trajectory_meta(t: Trajectory) -> dict[str, Any]:
         "reward": t.reward,
         "status": t.status.value,
         "trace_id": t.trace_id,
+        "group_id": t.group_id,
+        "group_size": t.group_size,
         "started_at": t.started_at,
         "finished_at": t.finished_at,
         "error": t.error,
@@ -277,6 +286,7 @@ def trajectory_to_table(t: Trajectory) -> pa.Table:
         cols["response_ids"].append(list(s.response_ids))
         cols["behaviour_logprobs"].append(list(s.behaviour_logprobs))
         cols["entropy"].append(list(s.entropy))
+        cols["num_images"].append(s.num_images)
         cols["response_text"].append(s.response_text)
         cols["action"].append(_action_to_dict(s.action))
         cols["screenshot"].append(s.screenshot)
@@ -300,6 +310,7 @@ def trajectory_from_table(table: pa.Table) -> Trajectory:
             response_ids=tuple(row["response_ids"]),
             behaviour_logprobs=tuple(row["behaviour_logprobs"]),
             entropy=tuple(row["entropy"]),
+            num_images=row["num_images"],
             weight_version=row["weight_version"],
             response_text=row["response_text"],
             action=_action_from_dict(row["action"]),
@@ -322,6 +333,8 @@ def trajectory_from_table(table: pa.Table) -> Trajectory:
         reward=m["reward"],
         status=Status(m["status"]),
         trace_id=m["trace_id"],
+        group_id=m["group_id"],
+        group_size=m["group_size"],
         started_at=m["started_at"],
         finished_at=m["finished_at"],
         error=m["error"],

@@ -59,6 +59,8 @@ CREATE TABLE IF NOT EXISTS rollout_run (
 	trajectory_id VARCHAR(191) COLLATE utf8mb4_bin NOT NULL,
 	task_id VARCHAR(191) COLLATE utf8mb4_bin NOT NULL,
 	trace_id VARCHAR(191) COLLATE utf8mb4_bin NOT NULL DEFAULT '',
+	group_id VARCHAR(191) COLLATE utf8mb4_bin NOT NULL DEFAULT '',
+	group_size INTEGER NOT NULL DEFAULT '0',
 	uri VARCHAR(1024) NOT NULL,
 	reward DOUBLE NOT NULL,
 	num_steps INTEGER NOT NULL,

@@ -29,6 +29,8 @@ def make_trajectory(
     version: int = 0,
     n_steps: int = 2,
     instruction: str = "click the OK button",
+    group_id: str = "",
+    group_size: int = 0,
 ) -> Trajectory:
     return Trajectory(
         trajectory_id=tid,
@@ -38,6 +40,8 @@ def make_trajectory(
         reward=reward,
         status=status,
         trace_id=tid,
+        group_id=group_id,
+        group_size=group_size,
         started_at=1.0,
         finished_at=2.0,
     )

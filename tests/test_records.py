@@ -21,7 +21,7 @@ from tests.factories import make_step, make_trajectory
 
 
 def test_trajectory_round_trips_through_arrow() -> None:
-    t = make_trajectory("t1", n_steps=3, reward=0.5, version=7)
+    t = make_trajectory("t1", n_steps=3, reward=0.5, version=7, group_id="task-0#3", group_size=8)
     table = trajectory_to_table(t)
     assert table.schema.equals(STEP_SCHEMA)  # metadata aside, the schema is the one defined
     assert table.num_rows == 3

@@ -86,6 +86,8 @@ rollout_run = sa.Table(
     sa.Column("trajectory_id", _ident(), nullable=False),
     sa.Column("task_id", _ident(), nullable=False),
     sa.Column("trace_id", _ident(), nullable=False, server_default=""),
+    sa.Column("group_id", _ident(), nullable=False, server_default=""),
+    sa.Column("group_size", sa.Integer(), nullable=False, server_default="0"),
     sa.Column("uri", sa.String(1024), nullable=False),
     sa.Column("reward", sa.Double(), nullable=False),
     sa.Column("num_steps", sa.Integer(), nullable=False),

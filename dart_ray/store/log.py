@@ -60,6 +60,8 @@ class LogRow:
     trajectory_id: str
     task_id: str
     trace_id: str
+    group_id: str
+    group_size: int
     uri: str
     reward: float
     num_steps: int
@@ -108,6 +110,8 @@ _ROW_COLS = (
     rollout_run.c.trajectory_id,
     rollout_run.c.task_id,
     rollout_run.c.trace_id,
+    rollout_run.c.group_id,
+    rollout_run.c.group_size,
     rollout_run.c.uri,
     rollout_run.c.reward,
     rollout_run.c.num_steps,
@@ -125,6 +129,8 @@ def _log_row(r: sa.Row[Any]) -> LogRow:
         trajectory_id=r.trajectory_id,
         task_id=r.task_id,
         trace_id=r.trace_id,
+        group_id=r.group_id,
+        group_size=r.group_size,
         uri=r.uri,
         reward=r.reward,
         num_steps=r.num_steps,
@@ -234,6 +240,8 @@ class DurableLog:
             "trajectory_id": t.trajectory_id,
             "task_id": t.task.task_id,
             "trace_id": t.trace_id,
+            "group_id": t.group_id,
+            "group_size": t.group_size,
             "uri": uri,
             "reward": float(t.reward),
             "num_steps": t.num_steps,

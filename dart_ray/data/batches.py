@@ -1,0 +1,61 @@
+"""Pack step samples into Arrow RecordBatches (`SAMPLE_SCHEMA`), one shard per trainer rank,
+balanced by tokens so that no rank waits on another.
+
+Balancing is greedy longest-first (LPT): take samples in decreasing token count and give each
+to the rank with the fewest tokens so far. Its makespan is within 4/3 of optimal, and it costs
+O(n log n); the trainer's step time follows the largest shard.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dart_ray.data.curation import StepSample
+from dart_ray.records import SAMPLE_SCHEMA
+
+
+def to_record_batch(samples: Sequence[StepSample]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict(
+        {
+            "trajectory_id": [s.trajectory_id for s in samples],
+            "task_id": [s.task_id for s in samples],
+            "step_idx": [s.step_idx for s in samples],
+            "weight_version": [s.weight_version for s in samples],
+            "prompt_ids": [list(s.prompt_ids) for s in samples],
+            "response_ids": [list(s.response_ids) for s in samples],
+            "behaviour_logprobs": [list(s.behaviour_logprobs) for s in samples],
+            "loss_mask": [[1] * len(s.response_ids) for s in samples],
+            "advantage": [s.advantage for s in samples],
+            "images": [list(s.images) for s in samples],
+        },
+        schema=SAMPLE_SCHEMA,
+    )
+
+
+def shard_by_tokens(samples: Sequence[StepSample], num_ranks: int) -> list[list[StepSample]]:
+    """Split samples into `num_ranks` shards of near-equal token counts (LPT)."""
+    if num_ranks < 1:
+        raise ValueError(f"num_ranks must be >= 1, got {num_ranks}")
+    shards: list[list[StepSample]] = [[] for _ in range(num_ranks)]
+    heap = [(0, r) for r in range(num_ranks)]
+    order = sorted(range(len(samples)), key=lambda i: -samples[i].num_tokens)
+    for i in order:
+        load, r = heapq.heappop(heap)
+        shards[r].append(samples[i])
+        heapq.heappush(heap, (load + samples[i].num_tokens, r))
+    return shards
+
+
+def pack(samples: Sequence[StepSample], num_ranks: int) -> list[pa.RecordBatch]:
+    """One RecordBatch per rank (possibly empty: a rank with nothing still steps in lockstep)."""
+    return [to_record_batch(s) for s in shard_by_tokens(samples, num_ranks)]
+
+
+def batch_tokens(batch: pa.RecordBatch) -> int:
+    p = batch.column("prompt_ids")
+    r = batch.column("response_ids")
+    return sum(int(pc.sum(pc.list_value_length(c)).as_py() or 0) for c in (p, r))

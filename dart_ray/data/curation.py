@@ -1,0 +1,138 @@
+"""Curate one GRPO group: drop what cannot be trained (with a reason), replay a success into
+an all-fail group, compute advantages, split trajectories into step samples, and keep the
+high-entropy steps.
+
+Every logged row of the group ends in exactly one of two lists: `trained_rows` (its samples go
+to the trainer and the row is acknowledged after the optimizer step) or `dropped` (with the
+reason, acknowledged as dropped now). Nothing is silently lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from dart_ray.algo.advantages import AdvantageMode, grpo_advantages
+from dart_ray.algo.curriculum import replay_into_group
+from dart_ray.algo.selection import select_high_entropy
+from dart_ray.records import Status, Trajectory
+from dart_ray.store.log import LogRow
+
+
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    """One assistant turn to train on, with everything the loss needs."""
+
+    trajectory_id: str
+    task_id: str
+    step_idx: int
+    weight_version: int
+    prompt_ids: Sequence[int]
+    response_ids: Sequence[int]
+    behaviour_logprobs: Sequence[float]
+    advantage: float
+    images: tuple[bytes, ...]
+    """The screenshots of the prompt, oldest first."""
+    entropy: float = 0.0
+    """Mean entropy over the response tokens (0 when the engine did not report it)."""
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class CurationParams:
+    success_threshold: float = 1.0
+    advantage_mode: AdvantageMode = "trajectory"
+    success_replay: bool = True
+    entropy_top_fraction: float = 1.0
+    drop_no_signal: bool = True
+    """Drop groups whose advantages are all zero (every reward equal): they teach nothing."""
+
+
+@dataclass
+class GroupOutcome:
+    samples: list[StepSample] = field(default_factory=list)
+    trained_rows: list[int] = field(default_factory=list)
+    dropped: dict[int, str] = field(default_factory=dict)
+    replayed: str | None = None
+    """Trajectory id of the success replayed into this group, if any."""
+    rewards: list[float] = field(default_factory=list)
+
+
+def split_steps(t: Trajectory, advantage: float) -> list[StepSample]:
+    """Every step of a trajectory as a sample carrying the trajectory's advantage."""
+    shots = [s.screenshot for s in t.steps]
+    out = []
+    for i, s in enumerate(t.steps):
+        first = max(0, i - s.num_images + 1)
+        ent = sum(s.entropy) / len(s.entropy) if s.entropy else 0.0
+        out.append(
+            StepSample(
+                trajectory_id=t.trajectory_id,
+                task_id=t.task.task_id,
+                step_idx=s.step_idx,
+                weight_version=s.weight_version,
+                prompt_ids=s.prompt_ids,
+                response_ids=s.response_ids,
+                behaviour_logprobs=s.behaviour_logprobs,
+                advantage=advantage,
+                images=tuple(shots[first : i + 1]),
+                entropy=ent,
+            )
+        )
+    return out
+
+
+def curate_group(
+    members: Sequence[tuple[LogRow, Trajectory]],
+    params: CurationParams,
+    replay: Trajectory | None = None,
+) -> GroupOutcome:
+    """Turn one group of (log row, trajectory) into samples; see the module docstring."""
+    out = GroupOutcome()
+    members = sorted(members, key=lambda m: m[0].id)  # oldest first
+    if any(t.status is Status.ENV_ERROR for _, t in members):
+        out.dropped = {r.id: "group_env_error" for r, _ in members}
+        return out
+    keep: list[tuple[LogRow, Trajectory]] = []
+    for r, t in members:
+        if t.status.trainable:
+            keep.append((r, t))
+        else:
+            out.dropped[r.id] = t.status.value.lower()
+    if not keep:
+        return out
+
+    trajs: list[Trajectory] = [t for _, t in keep]
+    rows: list[LogRow | None] = [r for r, _ in keep]
+    successes = [t.reward >= params.success_threshold for t in trajs]
+    if params.success_replay and replay is not None:
+        trajs, replaced = replay_into_group(trajs, successes, replay)
+        if replaced is not None:
+            row = rows[replaced]
+            assert row is not None
+            out.dropped[row.id] = "replaced_by_replay"
+            rows[replaced] = None
+            out.replayed = replay.trajectory_id
+
+    rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
+    num_steps = torch.tensor([t.num_steps for t in trajs])
+    adv = grpo_advantages(rewards, num_steps, mode=params.advantage_mode)
+    out.rewards = rewards.tolist()
+    if params.drop_no_signal and bool((adv == 0).all()):
+        for row in rows:
+            if row is not None:
+                out.dropped[row.id] = "no_signal"
+        return out
+
+    samples = [s for t, a in zip(trajs, adv.tolist(), strict=True) for s in split_steps(t, a)]
+    if params.entropy_top_fraction < 1.0 and samples:
+        scores = torch.tensor([s.entropy for s in samples])
+        samples = [samples[i] for i in select_high_entropy(scores, params.entropy_top_fraction)]
+    out.samples = samples
+    out.trained_rows = [row.id for row in rows if row is not None]
+    return out

@@ -1,0 +1,172 @@
+"""Curation of one group, grouping, and token-balanced packing."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from dart_ray.data.batches import batch_tokens, pack, shard_by_tokens
+from dart_ray.data.curation import CurationParams, StepSample, curate_group, split_steps
+from dart_ray.data.grouping import GroupBuffer
+from dart_ray.records import SAMPLE_SCHEMA, Status, Trajectory
+from dart_ray.store.log import LogRow
+from tests.factories import make_step, make_trajectory
+
+
+def row_for(t: Trajectory, rid: int) -> LogRow:
+    return LogRow(
+        id=rid,
+        run_id=t.run_id,
+        trajectory_id=t.trajectory_id,
+        task_id=t.task.task_id,
+        trace_id=t.trace_id,
+        group_id=t.group_id,
+        group_size=t.group_size,
+        uri=f"/b/{t.trajectory_id}",
+        reward=t.reward,
+        num_steps=t.num_steps,
+        status=t.status,
+        version_num=t.min_version,
+        model_version="v0",
+        instruction=t.task.instruction,
+    )
+
+
+def group(*rewards: float, n_steps: int = 2) -> list[tuple[LogRow, Trajectory]]:
+    ts = [make_trajectory(f"t{i}", reward=r, n_steps=n_steps) for i, r in enumerate(rewards)]
+    return [(row_for(t, i + 1), t) for i, t in enumerate(ts)]
+
+
+def test_samples_carry_their_trajectory_advantage() -> None:
+    out = curate_group(group(1.0, 0.0, 0.0, 0.0), CurationParams())
+    # rewards [1,0,0,0] -> advantages [1.5, -0.5, -0.5, -0.5] (see test_advantages)
+    assert out.trained_rows == [1, 2, 3, 4] and out.dropped == {}
+    assert len(out.samples) == 8  # 4 trajectories x 2 steps
+    by_traj = {s.trajectory_id: s.advantage for s in out.samples}
+    assert by_traj == pytest.approx({"t0": 1.5, "t1": -0.5, "t2": -0.5, "t3": -0.5}, abs=1e-5)
+
+
+def test_env_error_drops_the_whole_group() -> None:
+    members = group(1.0, 0.0)
+    bad = make_trajectory("t9", status=Status.ENV_ERROR, n_steps=0)
+    members.append((row_for(bad, 9), bad))
+    out = curate_group(members, CurationParams())
+    assert out.samples == [] and out.dropped == {
+        1: "group_env_error",
+        2: "group_env_error",
+        9: "group_env_error",
+    }
+
+
+def test_aborted_and_policy_errors_drop_alone() -> None:
+    members = group(1.0, 0.0)
+    ab = make_trajectory("ab", status=Status.ABORTED, n_steps=1)
+    pe = make_trajectory("pe", status=Status.POLICY_ERROR, n_steps=1)
+    members += [(row_for(ab, 7), ab), (row_for(pe, 8), pe)]
+    out = curate_group(members, CurationParams())
+    assert out.trained_rows == [1, 2]
+    assert out.dropped == {7: "aborted", 8: "policy_error"}
+
+
+def test_replay_fills_an_all_fail_group() -> None:
+    winner = make_trajectory("old-win", reward=1.0, n_steps=3, version=1)
+    out = curate_group(group(0.0, 0.0, 0.0), CurationParams(), replay=winner)
+    # the oldest member (row 1) makes room; rewards become [1, 0, 0]:
+    # mean 1/3, unbiased std sqrt(1/3) = 0.57735 -> A = [1.1547, -0.57735, -0.57735]
+    assert out.replayed == "old-win" and out.dropped == {1: "replaced_by_replay"}
+    assert out.trained_rows == [2, 3]
+    win = [s for s in out.samples if s.trajectory_id == "old-win"]
+    assert len(win) == 3 and win[0].advantage == pytest.approx(1.1547, abs=1e-4)
+    assert {s.weight_version for s in win} == {1}  # its own behaviour policy, for IS weights
+
+
+def test_no_signal_groups_are_dropped_with_the_reason() -> None:
+    out = curate_group(group(0.0, 0.0), CurationParams(success_replay=False))
+    assert out.samples == [] and out.dropped == {1: "no_signal", 2: "no_signal"}
+    out = curate_group(group(1.0, 1.0), CurationParams())
+    assert out.dropped == {1: "no_signal", 2: "no_signal"}
+
+
+def test_entropy_selection_keeps_the_top_steps() -> None:
+    members = group(1.0, 0.0, n_steps=2)
+    # give each of the 4 steps a distinct entropy: t0 steps 0.1, 0.9 ; t1 steps 0.5, 0.7
+    ents = {("t0", 0): 0.1, ("t0", 1): 0.9, ("t1", 0): 0.5, ("t1", 1): 0.7}
+    new = []
+    for r, t in members:
+        steps = tuple(
+            replace(s, entropy=(ents[(t.trajectory_id, s.step_idx)],) * len(s.response_ids))
+            for s in t.steps
+        )
+        new.append((r, replace(t, steps=steps)))
+    out = curate_group(new, CurationParams(entropy_top_fraction=0.5))
+    assert {(s.trajectory_id, s.step_idx) for s in out.samples} == {("t0", 1), ("t1", 1)}
+    assert out.trained_rows == [1, 2]
+
+
+def test_split_steps_takes_the_prompt_images() -> None:
+    t = make_trajectory("t", n_steps=3)
+    t = replace(t, steps=tuple(replace(s, num_images=2) for s in t.steps))
+    samples = split_steps(t, 0.5)
+    assert [len(s.images) for s in samples] == [1, 2, 2]
+    assert samples[2].images == (t.steps[1].screenshot, t.steps[2].screenshot)
+
+
+def test_group_buffer_completes_by_group_id_and_times_out() -> None:
+    buf = GroupBuffer(default_size=8, min_group=2, timeout_s=10)
+    g = [make_trajectory(f"g{i}", group_id="task-0#1", group_size=3) for i in range(3)]
+    aborted = make_trajectory("g-ab", group_id="task-0#1", group_size=3, status=Status.ABORTED)
+    buf.add(row_for(g[0], 1), now=0)
+    buf.add(row_for(aborted, 2), now=1)
+    buf.add(row_for(g[1], 3), now=2)
+    assert buf.pop_ready(now=3) == []  # 2 of 3 final slots; the aborted retry does not count
+    buf.add(row_for(g[2], 4), now=4)
+    [ready] = buf.pop_ready(now=4)
+    assert [r.id for r in ready] == [1, 2, 3, 4]
+    # no group id: grouped by task with the default size, released partial after the timeout
+    loose = [make_trajectory(f"l{i}", task_id="task-9") for i in range(2)]
+    buf.add(row_for(loose[0], 5), now=5)
+    buf.add(row_for(loose[1], 6), now=6)
+    assert buf.pop_ready(now=14) == []
+    assert [r.id for r in buf.pop_ready(now=15)[0]] == [5, 6]
+    assert len(buf) == 0
+
+
+def _sample(n_prompt: int, n_resp: int, tid: str = "t") -> StepSample:
+    return StepSample(
+        tid,
+        "task",
+        0,
+        0,
+        tuple(range(n_prompt)),
+        tuple(range(n_resp)),
+        (-1.0,) * n_resp,
+        0.5,
+        (b"png",),
+    )
+
+
+def test_shards_are_token_balanced() -> None:
+    # token counts 10, 9, 8, 7, 6, 5 over 2 ranks, LPT: 10->A, 9->B, 8->B(9), 7->A(10),
+    # 6->A?(A=17,B=17: tie -> rank 0), 5->B -> A = 10+7+6 = 23, B = 9+8+5 = 22
+    samples = [_sample(n - 2, 2, f"t{n}") for n in (10, 9, 8, 7, 6, 5)]
+    shards = shard_by_tokens(samples, 2)
+    assert sorted(sum(s.num_tokens for s in sh) for sh in shards) == [22, 23]
+    assert sorted(s.trajectory_id for sh in shards for s in sh) == sorted(
+        s.trajectory_id for s in samples
+    )
+
+
+def test_pack_gives_one_batch_per_rank_even_when_short() -> None:
+    batches = pack([_sample(4, 2)], 3)
+    assert len(batches) == 3 and [b.num_rows for b in batches].count(1) == 1
+    assert all(b.schema.equals(SAMPLE_SCHEMA) for b in batches)
+    full = next(b for b in batches if b.num_rows)
+    assert batch_tokens(full) == 6
+    assert full.column("loss_mask").to_pylist() == [[1, 1]]
+    assert full.column("images").to_pylist() == [[b"png"]]
+
+
+def test_factory_steps_are_float32_exact() -> None:
+    s = make_step(0)
+    assert list(s.behaviour_logprobs) == [-0.5, -1.0, -1.5]
