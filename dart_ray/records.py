@@ -146,6 +146,9 @@ class Trajectory:
     """The GRPO group (one rollout round of one task) this trajectory belongs to."""
     group_size: int = 0
     """How many rollout slots the group has (its final trajectories, retries excluded)."""
+    start_version: int = -1
+    """The weight version published when the episode started (stands in for the step
+    versions of an episode that has none, e.g. an environment that failed on reset)."""
     started_at: float = 0.0
     finished_at: float = 0.0
     error: str | None = None
@@ -157,15 +160,15 @@ class Trajectory:
 
     @property
     def min_version(self) -> int:
-        """The oldest weight version that acted in this episode (-1 with no steps).
+        """The oldest weight version that acted in this episode (`start_version` with no steps).
 
         Staleness is measured from it: an episode is as stale as its oldest step.
         """
-        return min((s.weight_version for s in self.steps), default=-1)
+        return min((s.weight_version for s in self.steps), default=self.start_version)
 
     @property
     def max_version(self) -> int:
-        return max((s.weight_version for s in self.steps), default=-1)
+        return max((s.weight_version for s in self.steps), default=self.start_version)
 
     def with_status(self, status: Status, error: str | None = None) -> Trajectory:
         return replace(self, status=status, error=error)
@@ -268,6 +271,7 @@ def _trajectory_meta(t: Trajectory) -> dict[str, Any]:
         "trace_id": t.trace_id,
         "group_id": t.group_id,
         "group_size": t.group_size,
+        "start_version": t.start_version,
         "started_at": t.started_at,
         "finished_at": t.finished_at,
         "error": t.error,
@@ -335,6 +339,7 @@ def trajectory_from_table(table: pa.Table) -> Trajectory:
         trace_id=m["trace_id"],
         group_id=m["group_id"],
         group_size=m["group_size"],
+        start_version=m["start_version"],
         started_at=m["started_at"],
         finished_at=m["finished_at"],
         error=m["error"],

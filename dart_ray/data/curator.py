@@ -1,0 +1,250 @@
+"""The curator's logic, without Ray: claim -> filter -> group -> curate -> pack -> queue -> ack.
+
+`CuratorCore.poll()` does one round: expire and claim rows from the durable log (only while
+the queue has room: that is the backpressure, and unclaimed rows are the visible "unused
+buffer"), drop rows older than the staleness bound, read their trajectories from blob
+storage, complete groups, curate them, and when enough groups are ready pack one training
+step (one Arrow shard per rank). Rows of a step are acknowledged only by `ack(step)`, after
+the trainer's optimizer step that used them; rows dropped during curation are settled at
+once with their reason. Claims are renewed while their rows wait, so a live curator never
+loses a lease, and a dead one's rows return to the pool.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from dart_ray.data.batches import pack
+from dart_ray.data.curation import CurationParams, GroupOutcome, curate_group
+from dart_ray.data.grouping import GroupBuffer
+from dart_ray.records import Trajectory
+from dart_ray.store.blobs import BlobStore
+from dart_ray.store.log import Claim, DurableLog, LogRow
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CuratorSettings:
+    run_id: str
+    num_ranks: int
+    group_size: int = 8
+    min_group: int = 2
+    group_timeout_s: float = 120.0
+    groups_per_step: int = 4
+    max_staleness: int = 2
+    queue_depth: int = 2
+    lease_s: float = 600.0
+    claim_batch: int = 256
+    consumer: str = "curator"
+    params: CurationParams = field(default_factory=CurationParams)
+
+
+@dataclass
+class TrainStep:
+    """One optimizer step's worth of data: a shard per rank and the rows it consumes."""
+
+    step_id: int
+    shards: list[pa.RecordBatch]
+    rows: list[int]
+    num_samples: int
+    num_groups: int
+    mean_reward: float
+
+
+@dataclass
+class CuratorMetrics:
+    queue_depth: int = 0
+    pending_groups: int = 0
+    held_rows: int = 0
+    steps_formed: int = 0
+    steps_acked: int = 0
+    rows_trained: int = 0
+    samples_formed: int = 0
+    replays: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+    staleness: Counter[int] = field(default_factory=Counter)
+    """Claimed rows by version lag (current version - row version)."""
+
+
+class CuratorCore:
+    def __init__(self, log_: DurableLog, blobs: BlobStore, settings: CuratorSettings) -> None:
+        self.log = log_
+        self.blobs = blobs
+        self.s = settings
+        self.groups = GroupBuffer(settings.group_size, settings.min_group, settings.group_timeout_s)
+        self.version = 0
+        self.queue: deque[TrainStep] = deque()
+        self.in_flight: dict[int, TrainStep] = {}
+        self.metrics = CuratorMetrics()
+        self._claims: dict[int, Claim] = {}  # row id -> the claim holding it
+        self._trajectories: dict[int, Trajectory] = {}  # row id -> loaded trajectory
+        self._ready: list[GroupOutcome] = []  # curated, trainable, waiting for a step
+        self._next_step = 0
+        self._last_renew = time.monotonic()
+
+    # ------------------------------------------------------------------ inputs
+
+    def set_version(self, version: int) -> None:
+        """The newest published weight version; staleness is measured against it."""
+        self.version = max(self.version, version)
+
+    def poll(self, now: float | None = None) -> int:
+        """One round of claiming and curating; returns how many rows were claimed."""
+        now = time.monotonic() if now is None else now
+        claimed = 0
+        if len(self.queue) < self.s.queue_depth:
+            claimed = self._claim(now)
+        self._form_steps(now)
+        if now - self._last_renew > self.s.lease_s / 3:
+            self._renew()
+            self._last_renew = now
+        self._update_gauges()
+        return claimed
+
+    def _claim(self, now: float) -> int:
+        min_version = self.version - self.s.max_staleness
+        stale = self.log.drop_stale(self.s.run_id, min_version)
+        if stale:
+            self.metrics.dropped["stale"] += stale
+        claim = self.log.claim(
+            self.s.run_id,
+            self.s.claim_batch,
+            consumer=self.s.consumer,
+            lease_s=self.s.lease_s,
+            min_version=min_version,
+        )
+        for row in claim.rows:
+            self._claims[row.id] = claim
+            self.metrics.staleness[self.version - row.version_num] += 1
+            try:
+                self._trajectories[row.id] = self.blobs.read(row.uri)
+            except (FileNotFoundError, ValueError, OSError) as e:
+                log.error("trajectory %s unreadable at %s: %s", row.trajectory_id, row.uri, e)
+                self._settle_drop(row.id, "blob_unreadable")
+                continue
+            self.groups.add(row, now)
+        return len(claim.rows)
+
+    # ------------------------------------------------------------------ curation
+
+    def _replay_for(self, task_id: str) -> Trajectory | None:
+        if not self.s.params.success_replay:
+            return None
+        stats = {st.task_id: st for st in self.log.task_stats(self.s.run_id)}.get(task_id)
+        if stats is None or stats.last_success_uri is None:
+            return None
+        try:
+            return self.blobs.read(stats.last_success_uri)
+        except (FileNotFoundError, ValueError, OSError) as e:
+            log.warning("replay blob for task %s unreadable: %s", task_id, e)
+            return None
+
+    def _curate(self, group: list[LogRow]) -> GroupOutcome:
+        members = [(r, self._trajectories[r.id]) for r in group if r.id in self._trajectories]
+        replay = None
+        if not any(t.reward >= self.s.params.success_threshold for _, t in members):
+            replay = self._replay_for(group[0].task_id)
+        out = curate_group(members, self.s.params, replay)
+        for rid, reason in out.dropped.items():
+            self._settle_drop(rid, reason)
+        if out.replayed:
+            self.metrics.replays += 1
+        return out
+
+    def _form_steps(self, now: float) -> None:
+        """Curate groups as they complete; pack `groups_per_step` trainable ones per step."""
+        for group in self.groups.pop_ready(now):
+            out = self._curate(group)
+            if out.samples:
+                self._ready.append(out)
+        gps = self.s.groups_per_step
+        while len(self._ready) >= gps and len(self.queue) < self.s.queue_depth:
+            outs, self._ready = self._ready[:gps], self._ready[gps:]
+            samples = [s for o in outs for s in o.samples]
+            rewards = [r for o in outs for r in o.rewards]
+            step = TrainStep(
+                step_id=-1,
+                shards=pack(samples, self.s.num_ranks),
+                rows=[r for o in outs for r in o.trained_rows],
+                num_samples=len(samples),
+                num_groups=len(outs),
+                mean_reward=sum(rewards) / len(rewards),
+            )
+            self.queue.append(step)
+            self.metrics.steps_formed += 1
+            self.metrics.samples_formed += len(samples)
+
+    # ------------------------------------------------------------------ outputs
+
+    def take_step(self) -> TrainStep | None:
+        """The next queued step, numbered in order of hand-out; None if none is ready."""
+        if not self.queue:
+            return None
+        step = self.queue.popleft()
+        step.step_id = self._next_step
+        self._next_step += 1
+        self.in_flight[step.step_id] = step
+        self._update_gauges()
+        return step
+
+    def ack(self, step_id: int) -> int:
+        """The optimizer step that used `step_id` completed: its rows are consumed."""
+        step = self.in_flight.pop(step_id)
+        by_claim: dict[str, tuple[Claim, list[int]]] = {}
+        for rid in step.rows:
+            c = self._claims[rid]
+            by_claim.setdefault(c.claim_id, (c, []))[1].append(rid)
+        for c, ids in by_claim.values():
+            self.log.ack(c, ids)
+        for rid in step.rows:
+            self._forget(rid)
+        self.metrics.steps_acked += 1
+        self.metrics.rows_trained += len(step.rows)
+        self._update_gauges()
+        return len(step.rows)
+
+    def release_all(self) -> int:
+        """Give every held, unacknowledged row back to the pool (clean shutdown)."""
+        by_claim: dict[str, tuple[Claim, list[int]]] = {}
+        for rid, c in self._claims.items():
+            by_claim.setdefault(c.claim_id, (c, []))[1].append(rid)
+        n = 0
+        for c, ids in by_claim.values():
+            n += self.log.release(c, ids)
+        self._claims.clear()
+        self._trajectories.clear()
+        self.queue.clear()
+        self.in_flight.clear()
+        self._ready.clear()
+        self.groups = GroupBuffer(self.s.group_size, self.s.min_group, self.s.group_timeout_s)
+        return n
+
+    # ------------------------------------------------------------------ helpers
+
+    def _settle_drop(self, rid: int, reason: str) -> None:
+        self.log.drop(self._claims[rid], [rid], reason)
+        self.metrics.dropped[reason] += 1
+        self._forget(rid)
+
+    def _forget(self, rid: int) -> None:
+        self._claims.pop(rid, None)
+        self._trajectories.pop(rid, None)
+
+    def _renew(self) -> None:
+        claims = {c.claim_id: c for c in self._claims.values()}
+        for c in claims.values():
+            held = [r for r in c.rows if r.id in self._claims]
+            if held:
+                sub = Claim(c.claim_id, c.consumer, c.run_id, tuple(held), c.lease_expires_at)
+                self.log.renew(sub, self.s.lease_s)
+
+    def _update_gauges(self) -> None:
+        self.metrics.queue_depth = len(self.queue)
+        self.metrics.pending_groups = len(self.groups) + len(self._ready)
+        self.metrics.held_rows = len(self._claims)
