@@ -134,7 +134,9 @@ class CurationConfig(_Section):
     dynamic_rollouts: bool = True
     """Fewer rollouts for tasks the policy already solves (dynamic rollout budget)."""
     queue_depth: int = Field(default=2, ge=1)
-    """Batches queued per trainer rank before the curator waits (backpressure)."""
+    """Training steps queued before the curator stops claiming (backpressure)."""
+    groups_per_step: int = Field(default=4, ge=1)
+    """Trainable task groups packed into one optimizer step (DART-GUI: 6-8 tasks)."""
     lease_s: float = Field(default=600.0, gt=0)
     """Seconds a claim holds rows before they return to the pool unless acknowledged."""
 

@@ -71,3 +71,19 @@ def engine(db_url: str) -> Iterator[Engine]:
 @pytest.fixture
 def log(engine: Engine) -> DurableLog:
     return DurableLog(engine, success_threshold=1.0)
+
+
+@pytest.fixture(scope="session")
+def ray_local() -> Iterator[None]:
+    """One real local Ray for the whole test session (2 CPUs, an `env` resource for sessions)."""
+    import ray
+
+    ray.init(
+        num_cpus=2,
+        resources={"env": 8},
+        include_dashboard=False,
+        namespace="dart-ray-tests",
+        log_to_driver=False,
+    )
+    yield
+    ray.shutdown()

@@ -52,6 +52,9 @@ class TrainStep:
     step_id: int
     shards: list[pa.RecordBatch]
     rows: list[int]
+    claims: list[Claim]
+    """The step's rows grouped by the claim that holds them: whoever finishes the optimizer
+    step can acknowledge them in the log directly, even if this curator is gone by then."""
     num_samples: int
     num_groups: int
     mean_reward: float
@@ -168,10 +171,12 @@ class CuratorCore:
             outs, self._ready = self._ready[:gps], self._ready[gps:]
             samples = [s for o in outs for s in o.samples]
             rewards = [r for o in outs for r in o.rewards]
+            rows = [r for o in outs for r in o.trained_rows]
             step = TrainStep(
                 step_id=-1,
                 shards=pack(samples, self.s.num_ranks),
-                rows=[r for o in outs for r in o.trained_rows],
+                rows=rows,
+                claims=self._sub_claims(rows),
                 num_samples=len(samples),
                 num_groups=len(outs),
                 mean_reward=sum(rewards) / len(rewards),
@@ -196,12 +201,8 @@ class CuratorCore:
     def ack(self, step_id: int) -> int:
         """The optimizer step that used `step_id` completed: its rows are consumed."""
         step = self.in_flight.pop(step_id)
-        by_claim: dict[str, tuple[Claim, list[int]]] = {}
-        for rid in step.rows:
-            c = self._claims[rid]
-            by_claim.setdefault(c.claim_id, (c, []))[1].append(rid)
-        for c, ids in by_claim.values():
-            self.log.ack(c, ids)
+        for c in step.claims:
+            self.log.ack(c)
         for rid in step.rows:
             self._forget(rid)
         self.metrics.steps_acked += 1
@@ -226,6 +227,18 @@ class CuratorCore:
         return n
 
     # ------------------------------------------------------------------ helpers
+
+    def _sub_claims(self, rows: list[int]) -> list[Claim]:
+        by_claim: dict[str, list[int]] = {}
+        for rid in rows:
+            by_claim.setdefault(self._claims[rid].claim_id, []).append(rid)
+        out = []
+        for ids in by_claim.values():
+            c = self._claims[ids[0]]
+            keep = set(ids)
+            held = tuple(r for r in c.rows if r.id in keep)
+            out.append(Claim(c.claim_id, c.consumer, c.run_id, held, c.lease_expires_at))
+        return out
 
     def _settle_drop(self, rid: int, reason: str) -> None:
         self.log.drop(self._claims[rid], [rid], reason)

@@ -1,0 +1,146 @@
+"""The curator as a Ray actor: a thin async wrapper around `dart_ray.data.curator.CuratorCore`.
+
+Trainer ranks call `get_shard(step, rank)`; every rank asking for the same step number gets
+its own shard of the same curated step (the first request binds the next queued step to
+that number). After the optimizer step, rank 0 calls `ack_step(step)`. A background task
+polls the durable log; database and blob I/O run in a worker thread under one lock, so the
+actor stays responsive to the trainer while it curates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import asdict, dataclass
+
+import pyarrow as pa
+import ray
+
+from dart_ray.config import Config
+from dart_ray.data.curation import CurationParams
+from dart_ray.data.curator import CuratorCore, CuratorSettings, TrainStep
+from dart_ray.store import Claim, open_store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    step: int
+    num_samples: int
+    num_groups: int
+    num_rows: int
+    mean_reward: float
+    claims: tuple[Claim, ...]
+    """What to acknowledge after the optimizer step (`DurableLog.ack` each), so the ack
+    does not depend on this actor surviving until then."""
+
+
+def settings_from_config(config: Config, run_id: str, num_ranks: int) -> CuratorSettings:
+    cur = config.curation
+    return CuratorSettings(
+        run_id=run_id,
+        num_ranks=num_ranks,
+        group_size=cur.group_size,
+        min_group=cur.min_group,
+        group_timeout_s=cur.group_timeout_s,
+        groups_per_step=cur.groups_per_step,
+        max_staleness=cur.max_staleness,
+        queue_depth=cur.queue_depth,
+        lease_s=cur.lease_s,
+        consumer=f"curator:{run_id}",
+        params=CurationParams(
+            success_threshold=config.rollout.success_threshold,
+            advantage_mode=config.algo.advantage,
+            success_replay=cur.success_replay,
+            entropy_top_fraction=cur.entropy_top_fraction,
+        ),
+    )
+
+
+@ray.remote(num_cpus=0.25, max_restarts=-1, max_task_retries=-1)
+class Curator:
+    def __init__(
+        self, config: Config, run_id: str, num_ranks: int, poll_interval_s: float = 0.5
+    ) -> None:
+        store = open_store(config)
+        self.core = CuratorCore(
+            store.log, store.blobs, settings_from_config(config, run_id, num_ranks)
+        )
+        self.poll_interval_s = poll_interval_s
+        self._lock = asyncio.Lock()
+        self._bound: dict[int, TrainStep] = {}
+        self._changed = asyncio.Event()
+        self._poller: asyncio.Task[None] | None = None
+
+    async def _ensure_poller(self) -> None:
+        if self._poller is None:
+            self._poller = asyncio.get_running_loop().create_task(self._poll_forever())
+
+    async def _poll_forever(self) -> None:
+        while True:
+            try:
+                async with self._lock:
+                    await asyncio.to_thread(self.core.poll)
+                self._changed.set()
+            except Exception:  # keep curating; the error is logged with its traceback
+                log.exception("curator poll failed; retrying")
+            await asyncio.sleep(self.poll_interval_s)
+
+    async def start(self) -> None:
+        await self._ensure_poller()
+
+    async def get_shard(
+        self, step: int, rank: int, timeout_s: float | None = None
+    ) -> tuple[pa.RecordBatch, StepInfo] | None:
+        """Rank `rank`'s shard of training step `step`; None if nothing is ready in time."""
+        await self._ensure_poller()
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        while step not in self._bound:
+            async with self._lock:
+                ts = self.core.take_step() if step not in self._bound else None
+                if ts is not None:
+                    self._bound[step] = ts
+            if step in self._bound:
+                break
+            if deadline is not None and loop.time() >= deadline:
+                return None
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout=self.poll_interval_s)
+        ts = self._bound[step]
+        info = StepInfo(
+            step, ts.num_samples, ts.num_groups, len(ts.rows), ts.mean_reward, tuple(ts.claims)
+        )
+        return ts.shards[rank], info
+
+    async def ack_step(self, step: int) -> int:
+        """The optimizer step `step` finished: acknowledge its rows in the log.
+
+        Returns 0 for a step this actor does not know (it restarted after handing it out):
+        the trainer then acknowledges through `StepInfo.claims` itself.
+        """
+        ts = self._bound.pop(step, None)
+        if ts is None:
+            log.warning("ack for step %d, which this curator did not hand out", step)
+            return 0
+        async with self._lock:
+            return await asyncio.to_thread(self.core.ack, ts.step_id)
+
+    async def set_version(self, version: int) -> None:
+        self.core.set_version(version)
+
+    async def metrics(self) -> dict[str, object]:
+        m = asdict(self.core.metrics)
+        m["dropped"] = dict(self.core.metrics.dropped)
+        m["staleness"] = dict(self.core.metrics.staleness)
+        return m
+
+    async def shutdown(self) -> int:
+        """Stop polling and give every unacknowledged row back to the pool."""
+        if self._poller is not None:
+            self._poller.cancel()
+        async with self._lock:
+            return await asyncio.to_thread(self.core.release_all)
