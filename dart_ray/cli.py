@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
-from dart_ray.config import Config, ConfigError, field_docs, load_config
+from dart_ray.config import Config, ConfigError, field_docs, load_config, reference_markdown
 from dart_ray.store import StoreError, open_store
 from dart_ray.store.db import RowState
 from dart_ray.store.runs import get_run, latest_run
@@ -42,7 +42,9 @@ def _load(args: argparse.Namespace) -> Config:
 
 def cmd_config_show(args: argparse.Namespace, out: Console) -> int:
     cfg = _load(args)
-    if args.docs:
+    if args.markdown:
+        print(reference_markdown(), end="")
+    elif args.docs:
         for key, default, doc in field_docs():
             out.print(f"[bold]{key}[/] = {default}", highlight=False)
             out.print(f"    {doc}", highlight=False, soft_wrap=True)
@@ -135,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     cfg_sub = cfg.add_subparsers(dest="action", required=True)
     show = cfg_sub.add_parser("show", help="print the resolved configuration (secrets masked)")
     show.add_argument("--docs", action="store_true", help="print every key with its meaning")
+    show.add_argument("--markdown", action="store_true", help="the reference as Markdown")
     _add_config_args(show)
     show.set_defaults(fn=cmd_config_show)
 

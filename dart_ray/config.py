@@ -366,5 +366,29 @@ def field_docs(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             rows.extend(field_docs(ann, key + "."))
         else:
-            rows.append((key, repr(f.default), (f.description or "").replace("\n", " ")))
+            d = f.default
+            shown = repr(str(d)) if isinstance(d, Path) else repr(d)
+            rows.append((key, shown, (f.description or "").replace("\n", " ")))
     return rows
+
+
+def reference_markdown() -> str:
+    """docs/CONFIGURATION.md, generated from the field docstrings (a test keeps it current)."""
+    lines = [
+        "# Configuration reference",
+        "",
+        "Generated from the docstrings in `dart_ray/config.py` by",
+        "`dart-ray config show --markdown > docs/CONFIGURATION.md`; do not edit by hand.",
+        "",
+        "Set a key in a TOML file under its section (`[algo]` / `eps_high = 0.2`) or on the",
+        "command line as `algo.eps_high=0.2` (values in TOML syntax).",
+    ]
+    section = None
+    for key, default, doc in field_docs():
+        sec = key.split(".", 1)[0]
+        if sec != section:
+            section = sec
+            lines += ["", f"## `[{sec}]`", "", "| key | default | meaning |", "|---|---|---|"]
+        cell = doc.replace("|", r"\|")
+        lines.append(f"| `{key}` | `{default}` | {cell} |")
+    return "\n".join(lines) + "\n"
