@@ -6,16 +6,20 @@ versions, reward != -1), groups by task, keeps tasks with >= 8 rollouts, picks 8
 then marks each chosen row `used += 1` with its own UPDATE and commit. The read grows
 linearly with the run: a run that logs ~10 rollouts/s reaches 1M rows in about a day.
 
-`DurableLog.claim` instead follows the index `ix_rollout_run_claim` (run_id, state,
+`DurableLog.claim` is meant to follow the index `ix_rollout_run_claim` (run_id, state,
 version_num, id): equality on (run_id, state), a range on version_num, and the ORDER BY is the
-index order, so InnoDB reads and locks just the n rows it returns, whatever the table size.
+index order, so that InnoDB reads and locks just the n rows it returns, whatever the table
+size. The script checks that it does, by counting the index entries the claim steps over.
 
 This script measures, on MariaDB, in one run:
 
 1. For each table size (the run's rows; another run adds 10% more rows so the run filter
    matters), filled server-side with INSERT ... SELECT over a sequence table:
-   the claim of `--batch` rows (claim timed alone, ack separately), its EXPLAIN/ANALYZE plan,
-   and DART-GUI's batch assembly on the same table (read, select in pandas, per-row UPDATEs).
+   the claim of `--batch` rows (claim timed alone, ack separately); its SELECT's plan, the
+   index entries one execution steps over (Handler_* counters) and its time, as `DurableLog`
+   sends it and with FORCE INDEX (MariaDB may drop the version range for `ref` on
+   (run_id, state), which steps over every older available row); and DART-GUI's batch
+   assembly on the same table (read, select in pandas, per-row UPDATEs).
 2. Append throughput on a fresh table: a new connection per trajectory (NullPool), pooled
    `append` of one trajectory, pooled `append_many` of 256.
 
@@ -73,7 +77,7 @@ console = Console(width=None if sys.stdout.isatty() else 160)
 # --------------------------------------------------------------------------- helpers
 
 
-def ms(seconds: list[float]) -> dict[str, float]:
+def ms(seconds: list[float]) -> dict[str, float | int]:
     a = np.asarray(seconds) * 1000.0
     return {"median": float(np.median(a)), "p90": float(np.percentile(a, 90)), "n": len(a)}
 
@@ -179,27 +183,22 @@ def _handler_reads(c: sa.Connection) -> dict[str, int]:
     return {str(k): int(v) for k, v in rows if str(k).startswith(("Handler_read", "Handler_icp"))}
 
 
-def explain_claim(engine: Engine, log: DurableLog, batch: int, min_version: int) -> dict[str, Any]:
-    """EXPLAIN the claim's SELECT as it is sent, run it once counting the index entries the
-    handler reads (Handler_read_*), and on MariaDB ANALYZE it (which runs it too)."""
-    query = log.claim_query(RUN_A, batch, min_version)
-    sql = str(query.compile(dialect=engine.dialect, compile_kwargs={"literal_binds": True}))
-    sql = " ".join(sql.split())
-    with engine.begin() as c:
-        plan = [dict(r._mapping) for r in c.exec_driver_sql(f"EXPLAIN {sql}")]
-        before = _handler_reads(c)
-        returned = len(c.exec_driver_sql(sql).all())
-        after = _handler_reads(c)
-        is_mariadb = "mariadb" in str(c.exec_driver_sql("SELECT VERSION()").scalar()).lower()
-        analyze = (
-            [dict(r._mapping) for r in c.exec_driver_sql(f"ANALYZE {sql}")] if is_mariadb else []
-        )
+def _probe(c: sa.Connection, sql: str, repeats: int = 5) -> dict[str, Any]:
+    """EXPLAIN `sql`, count the index entries one execution steps over, and time it."""
+    plan = [dict(r._mapping) for r in c.exec_driver_sql(f"EXPLAIN {sql}")]
+    before = _handler_reads(c)
+    returned = len(c.exec_driver_sql(sql).all())
+    after = _handler_reads(c)
     reads = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        c.exec_driver_sql(sql).all()
+        times.append(time.perf_counter() - t0)
     extra = " ".join(str(p.get("Extra") or "") for p in plan).lower()
     return {
         "sql": sql,
         "explain": plan,
-        "analyze": analyze,
         "key": [p.get("key") for p in plan],
         "access_type": [p.get("type") for p in plan],
         "uses_claim_index": [p.get("key") for p in plan] == ["ix_rollout_run_claim"],
@@ -212,7 +211,27 @@ def explain_claim(engine: Engine, log: DurableLog, batch: int, min_version: int)
         "index_entries_read": sum(v for k, v in reads.items() if k.startswith("Handler_read"))
         + reads.get("Handler_icp_attempts", 0)
         - reads.get("Handler_icp_match", 0),
+        "select_ms": ms(times),
     }
+
+
+def explain_claim(engine: Engine, log: DurableLog, batch: int, min_version: int) -> dict[str, Any]:
+    """Probe the claim's SELECT as `DurableLog` sends it, and the same with FORCE INDEX.
+
+    MariaDB may trade the range (run_id, state, version_num >= v) for `ref` on (run_id, state)
+    when it checks that the index gives the ORDER BY for free; the scan then steps over every
+    available row older than v. The forced variant shows what the range costs."""
+    query = log.claim_query(RUN_A, batch, min_version)
+    sql = str(query.compile(dialect=engine.dialect, compile_kwargs={"literal_binds": True}))
+    sql = " ".join(sql.split())
+    hint = "FORCE INDEX (ix_rollout_run_claim)"
+    forced = sql if hint in sql else sql.replace(" FROM rollout_run ", f" FROM rollout_run {hint} ")
+    with engine.begin() as c:
+        as_sent = _probe(c, sql)
+        if "mariadb" in str(c.exec_driver_sql("SELECT VERSION()").scalar()).lower():
+            as_sent["analyze"] = [dict(r._mapping) for r in c.exec_driver_sql(f"ANALYZE {sql}")]
+        as_sent["force_index"] = _probe(c, forced)
+    return as_sent
 
 
 def bench_claims(log: DurableLog, batch: int, repeats: int, min_version: int) -> dict[str, Any]:
@@ -455,21 +474,35 @@ def report(results: dict[str, Any]) -> None:
         f"{sm['from_rows']:,} -> {sm['to_rows']:,} rows ({sm['table_growth']:.0f}x): claim median "
         f"x{sm['claim_growth']:.2f}, DART-GUI median x{sm['dart_gui_growth']:.2f}"
     )
-    e = Table(title="Claim plan (EXPLAIN; r_rows from ANALYZE; entries read from Handler_read_*)")
-    cols = ("type", "key", "key_len", "ref", "rows", "r_rows", "Extra")
-    for col in ("run rows", *cols, "index entries read", "filesort"):
+    e = Table(title="Claim SELECT: plan (EXPLAIN), index entries read (Handler_*), time")
+    cols = ("type", "key", "key_len", "ref", "rows", "Extra")
+    for col in ("run rows", "variant", *cols, "entries read", "SELECT med ms", "filesort"):
         e.add_column(col)
     for s in sizes:
-        p = s["claim_plan"]
-        row = (p["analyze"] or p["explain"])[0]
-        e.add_row(
-            f"{s['n_run_rows']:,}",
-            *(str(row.get(k)) for k in cols),
-            f"{p['index_entries_read']:,}",
-            str(p["filesort"]),
-        )
+        for variant, p in (
+            ("as sent", s["claim_plan"]),
+            ("FORCE INDEX", s["claim_plan"]["force_index"]),
+        ):
+            row = p["explain"][0]
+            e.add_row(
+                f"{s['n_run_rows']:,}",
+                variant,
+                *(str(row.get(k)) for k in cols),
+                f"{p['index_entries_read']:,}",
+                f"{p['select_ms']['median']:.2f}",
+                str(p["filesort"]),
+            )
     console.print(e)
-    console.print(f"[dim]claim SQL: {sizes[0]['claim_plan']['sql']}[/]")
+    console.print(f"[dim]claim SQL as sent: {sizes[0]['claim_plan']['sql']}[/]")
+    for s in sizes:
+        p, batch = s["claim_plan"], results["args"]["batch"]
+        ok = p["uses_claim_index"] and not p["filesort"] and p["index_entries_read"] <= 2 * batch
+        console.print(
+            f"[{'green' if ok else 'red'}]{'OK' if ok else 'SCANS'} at {s['n_run_rows']:,} rows: "
+            f"key {p['key']}, "
+            f"type {p['access_type']}, filesort={p['filesort']}, "
+            f"{p['index_entries_read']:,} index entries read for {p['rows_returned']} rows[/]"
+        )
     a = Table(title="Appends (fresh table)")
     for col in ("mode", "rows", "seconds", "rows/s", "vs new connection"):
         a.add_column(col, justify="right")

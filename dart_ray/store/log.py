@@ -343,6 +343,12 @@ class DurableLog:
             q = q.where(rr.version_num >= min_version)
         q = q.order_by(rr.version_num, rr.id).limit(n)
         if self._mysql:
+            # Without the hint MariaDB 10.11 picks `ref` on (run_id, state) from ~30k rows on
+            # and applies the version bound by index condition pushdown: still index order and
+            # no filesort, but it steps over every older available row (850k entries read for
+            # 64 rows at 1M). The hint restores the `range` scan that starts at min_version.
+            q = q.with_hint(rollout_run, "FORCE INDEX (ix_rollout_run_claim)", "mysql")
+            q = q.with_hint(rollout_run, "FORCE INDEX (ix_rollout_run_claim)", "mariadb")
             q = q.with_for_update(skip_locked=True)
         return q
 

@@ -63,14 +63,45 @@ def test_two_claimers_at_the_same_time_get_disjoint_full_batches(
         tx.rollback()
 
 
-def test_claim_query_uses_the_index_without_sorting(mysql_log: DurableLog, engine: Engine) -> None:
-    fill(mysql_log, 50)
-    q = mysql_log.claim_query("run-a", 8, min_version=0)
+def test_claim_is_a_range_scan_from_min_version(mysql_log: DurableLog, engine: Engine) -> None:
+    """At 40k rows over 20 versions MariaDB would pick `ref` on (run_id, state) and step over
+    every older row; the claim must seek straight to min_version (`range`, key incl. version)
+    and read only the rows it returns, in index order (no filesort)."""
+    rows = [
+        {
+            "run_id": "run-a",
+            "trajectory_id": f"t{i}",
+            "task_id": f"task-{i % 40}",
+            "uri": f"/blobs/run-a/task-{i % 40}/t{i}.parquet",
+            "reward": float(i % 2),
+            "num_steps": 5,
+            "status": "OK",
+            "version_num": i * 20 // 40_000,
+            "instruction": "open the settings dialog and enable dark mode",
+        }
+        for i in range(40_000)
+    ]
+    with engine.begin() as c:
+        for k in range(0, len(rows), 10_000):
+            c.execute(rollout_run.insert(), rows[k : k + 10_000])
+        c.execute(sa.text("ANALYZE TABLE rollout_run"))
+    q = mysql_log.claim_query("run-a", 64, min_version=17)
     sql = str(q.compile(engine, compile_kwargs={"literal_binds": True}))
     with engine.connect() as c:
         plan = c.execute(sa.text("EXPLAIN " + sql)).mappings().all()
+        before = dict(c.execute(sa.text("SHOW SESSION STATUS LIKE 'Handler_%'")).all())
+        got = c.execute(sa.text(sql)).all()
+        after = dict(c.execute(sa.text("SHOW SESSION STATUS LIKE 'Handler_%'")).all())
+    assert len(got) == 64 and min(r.version_num for r in got) == 17
     assert plan[0]["key"] == "ix_rollout_run_claim"
+    assert plan[0]["type"] == "range"
     assert "filesort" not in (plan[0]["Extra"] or "")
+    read = sum(
+        int(after[k]) - int(before.get(k, 0))
+        for k in ("Handler_read_next", "Handler_read_key", "Handler_icp_attempts")
+        if k in after
+    )
+    assert read < 64 * 4  # proportional to the batch, not to the 34k older rows
 
 
 def test_server_restart_during_appends_loses_nothing() -> None:
