@@ -1,0 +1,58 @@
+"""FSDP2 for the policy model: shard every transformer block, then the root.
+
+`fully_shard` per decoder layer and per vision block means each block's parameters are
+all-gathered just before it runs and freed after, so peak memory is one block plus the
+shards; the root unit holds what is left (embeddings, norms, the LM head). On CPU the process
+group is gloo, on GPU NCCL: the code is the same.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    set_model_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+BLOCK_SUFFIXES = ("DecoderLayer", "VisionBlock")
+
+
+def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated transformer blocks (language decoder layers and vision blocks)."""
+    return [m for m in model.modules() if type(m).__name__.endswith(BLOCK_SUFFIXES)]
+
+
+def shard_model(model: torch.nn.Module, device_type: str = "cpu") -> torch.nn.Module:
+    """Apply FSDP2 in place (a no-op without an initialised process group of size > 1)."""
+    if not dist.is_initialized():
+        return model
+    mesh = init_device_mesh(device_type, (dist.get_world_size(),))
+    for block in blocks(model):
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole state dict on rank 0 (CPU), empty elsewhere. Every rank must call it."""
+    if not dist.is_initialized():
+        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    return get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+
+
+def load_full_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load a full state dict (present on rank 0) into a sharded model on every rank."""
+    if not dist.is_initialized():
+        model.load_state_dict(state)
+        return
+    set_model_state_dict(
+        model,
+        state,
+        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+    )
