@@ -1,0 +1,26 @@
+"""RunControl: the run's stop switch and shared progress counters, one named actor per run.
+
+Every train worker polls it while waiting for data, so that all ranks stop together instead
+of one rank leaving its peers blocked in a collective.
+"""
+
+from __future__ import annotations
+
+import ray
+
+
+@ray.remote(num_cpus=0)
+class RunControl:
+    def __init__(self) -> None:
+        self._stop = False
+        self._reason = ""
+
+    def request_stop(self, reason: str = "") -> None:
+        self._stop = True
+        self._reason = reason
+
+    def stop_requested(self) -> bool:
+        return self._stop
+
+    def reason(self) -> str:
+        return self._reason

@@ -1,0 +1,70 @@
+"""Durable checkpoints: an HF folder (loadable by transformers and vLLM) plus the optimizer
+state and the trainer's position, so a resumed run continues at the right step and version.
+
+Layout of `<run_dir>/checkpoints/v<version>/`:
+    config.json, model.safetensors, tokenizer + processor files   (the HF folder)
+    optimizer.pt                                                  (full optimizer state)
+    trainer_state.json                                            ({"step": k, "version": v})
+The folder is written under a temporary name and renamed when complete, so a crash mid-save
+never leaves a folder that looks loadable.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+# Files of an HF model folder that are not weights: copied from the source model folder.
+_AUX = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "preprocessor_config.json",
+    "generation_config.json",
+    "vocab.json",
+    "merges.txt",
+    "dart_ray_tiny.json",
+)
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    step: int
+    version: int
+
+
+def save_checkpoint(
+    out: Path,
+    model: torch.nn.Module,
+    state_dict: dict[str, torch.Tensor],
+    optimizer_state: dict[str, object] | None,
+    source_dir: Path,
+    state: TrainerState,
+) -> Path:
+    """Write the checkpoint folder (call on rank 0 with the full state dict)."""
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp, state_dict=state_dict)  # type: ignore[operator]
+    for name in _AUX:
+        if (source_dir / name).is_file():
+            shutil.copy2(source_dir / name, tmp / name)
+    if optimizer_state is not None:
+        torch.save(optimizer_state, tmp / "optimizer.pt")
+    (tmp / "trainer_state.json").write_text(
+        json.dumps({"step": state.step, "version": state.version}) + "\n"
+    )
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def read_trainer_state(path: Path) -> TrainerState:
+    d = json.loads((path / "trainer_state.json").read_text())
+    return TrainerState(step=int(d["step"]), version=int(d["version"]))
