@@ -71,3 +71,34 @@ def engine(db_url: str) -> Iterator[Engine]:
 @pytest.fixture
 def log(engine: Engine) -> DurableLog:
     return DurableLog(engine, success_threshold=1.0)
+
+
+# --------------------------------------------------------------------------- policy (issue 4)
+
+TINY_TEST_PIXELS = (4 * 28 * 28, 64 * 28 * 28)
+"""min/max pixels of the test model: a 112x112 screenshot becomes 16 image tokens."""
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Qwen2.5-VL, built once per session (random weights, seed 0)."""
+    from dart_ray.models.tiny import TinySpec, save_tiny_model
+
+    spec = TinySpec(min_pixels=TINY_TEST_PIXELS[0], max_pixels=TINY_TEST_PIXELS[1])
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-model"), spec)
+
+
+@pytest.fixture(scope="session")
+def ray_local() -> Iterator[None]:
+    """One local Ray for the whole test session (2 CPUs: replicas take fractions)."""
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    if started:
+        from ray import serve
+
+        serve.shutdown()
+        ray.shutdown()
