@@ -3,6 +3,7 @@
     dart-ray config show [--config F] [--docs] [key=value ...]
     dart-ray db init     [--config F] [key=value ...]
     dart-ray status      [--config F] [--run RUN] [key=value ...]
+    dart-ray model init  --out DIR [--force] [--seed N] [--min-pixels N] [--max-pixels N]
 
 Every command loads and validates the configuration first; any configuration or storage
 problem ends the command with one clear line on stderr and exit code 2.
@@ -127,6 +128,35 @@ def cmd_status(args: argparse.Namespace, out: Console) -> int:
         store.dispose()
 
 
+def cmd_model_init(args: argparse.Namespace, out: Console) -> int:
+    from pathlib import Path
+
+    from dart_ray.models.tiny import TinySpec, num_parameters, save_tiny_model
+
+    dest = Path(args.out)
+    if (dest / "config.json").exists() and not args.force:
+        print(f"dart-ray model: {dest} already holds a model (use --force to replace it)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    try:
+        spec = TinySpec(
+            seed=args.seed,
+            min_pixels=args.min_pixels,
+            max_pixels=args.max_pixels,
+            hidden_size=args.hidden_size,
+            num_layers=args.layers,
+        )
+    except ValueError as e:
+        print(f"dart-ray model: {e}", file=sys.stderr)
+        return 2
+    save_tiny_model(dest, spec)
+    from dart_ray.models.loading import load_model
+
+    n = num_parameters(load_model(dest))
+    out.print(f"tiny Qwen2.5-VL ({n:,} parameters, seed {spec.seed}) written to {dest}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dart-ray", description="Decoupled multi-turn RL for GUI agents on Ray."
@@ -151,6 +181,22 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--run", default=None, help="run id (default: the newest run)")
     _add_config_args(status)
     status.set_defaults(fn=cmd_status)
+
+    from dart_ray.actions import MAX_PIXELS, MIN_PIXELS
+
+    model = sub.add_parser("model", help="policy models")
+    model_sub = model.add_subparsers(dest="action", required=True)
+    minit = model_sub.add_parser(
+        "init", help="build the tiny Qwen2.5-VL locally (random weights) as an HF folder"
+    )
+    minit.add_argument("--out", required=True, help="folder to write (created if missing)")
+    minit.add_argument("--force", action="store_true", help="replace a model already there")
+    minit.add_argument("--seed", type=int, default=0, help="weight initialisation seed")
+    minit.add_argument("--min-pixels", type=int, default=MIN_PIXELS, help="image processor")
+    minit.add_argument("--max-pixels", type=int, default=MAX_PIXELS, help="image processor")
+    minit.add_argument("--hidden-size", type=int, default=64, help="text model width")
+    minit.add_argument("--layers", type=int, default=2, help="text model decoder layers")
+    minit.set_defaults(fn=cmd_model_init)
     return p
 
 

@@ -101,6 +101,33 @@ class PolicyConfig(_Section):
     """Port of the HTTP route."""
     auth_token_env: str | None = None
     """Environment variable holding a bearer token the HTTP route requires (unset: none)."""
+    num_cpus: float = Field(default=1.0, gt=0)
+    """CPUs each policy replica reserves (fractional is fine)."""
+    num_gpus: float = Field(default=0.0, ge=0)
+    """GPUs each policy replica reserves."""
+    autoscaling: bool = False
+    """Let Ray Serve scale replicas between min_replicas and max_replicas with the load."""
+    min_replicas: int = Field(default=1, ge=0)
+    """Fewest replicas when autoscaling."""
+    max_replicas: int = Field(default=4, ge=1)
+    """Most replicas when autoscaling."""
+    target_ongoing_requests: float = Field(default=16.0, gt=0)
+    """Requests in flight per replica that autoscaling aims for."""
+    max_ongoing_requests: int = Field(default=64, ge=1)
+    """Requests a replica accepts at once (at least max_batch_size for batching to fill)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weights and activations dtype of the engine."""
+    allow_special_tokens: tuple[str, ...] = ()
+    """Special tokens the policy may sample besides the end token (all others are suppressed;
+    e.g. ["<|box_start|>", "<|box_end|>"] for UI-TARS-1.5-7B, which writes them)."""
+    update_timeout_s: float = Field(default=300.0, gt=0)
+    """How long `update_weights` waits for every replica to load a new version."""
+    vllm_max_model_len: int = Field(default=8192, ge=256)
+    """vLLM: longest prompt plus response, in tokens."""
+    vllm_kv_cache_mb: int = Field(default=512, ge=16)
+    """vLLM on CPU: memory reserved for the KV cache, MiB."""
+    vllm_logprobs_topk: int = Field(default=20, ge=1)
+    """vLLM: top log-probs per token used to estimate the entropy (a lower bound)."""
 
 
 class RolloutConfig(_Section):

@@ -73,17 +73,39 @@ def log(engine: Engine) -> DurableLog:
     return DurableLog(engine, success_threshold=1.0)
 
 
+# --------------------------------------------------------------------------- policy (issue 4)
+
+TINY_TEST_PIXELS = (4 * 28 * 28, 64 * 28 * 28)
+"""min/max pixels of the test model: a 112x112 screenshot becomes 16 image tokens."""
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Qwen2.5-VL, built once per session (random weights, seed 0)."""
+    from dart_ray.models.tiny import TinySpec, save_tiny_model
+
+    spec = TinySpec(min_pixels=TINY_TEST_PIXELS[0], max_pixels=TINY_TEST_PIXELS[1])
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-model"), spec)
+
+
 @pytest.fixture(scope="session")
 def ray_local() -> Iterator[None]:
-    """One real local Ray for the whole test session (2 CPUs, an `env` resource for sessions)."""
+    """One real local Ray for the whole test session (2 CPUs: actors and replicas take
+    fractions; an `env` resource for environment sessions)."""
     import ray
 
-    ray.init(
-        num_cpus=2,
-        resources={"env": 8},
-        include_dashboard=False,
-        namespace="dart-ray-tests",
-        log_to_driver=False,
-    )
+    started = not ray.is_initialized()
+    if started:
+        ray.init(
+            num_cpus=2,
+            resources={"env": 8},
+            include_dashboard=False,
+            namespace="dart-ray-tests",
+            log_to_driver=False,
+        )
     yield
-    ray.shutdown()
+    if started:
+        from ray import serve
+
+        serve.shutdown()
+        ray.shutdown()

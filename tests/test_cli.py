@@ -107,3 +107,18 @@ def test_config_show_masks_and_documents(
     assert '"name": "x"' in out and "mysql+pymysql://dart@db/dart" in out
     assert main(["config", "show", "--docs"]) == 0
     assert "Trajectories kept in flight" in capsys.readouterr().out
+
+
+def test_model_init_writes_a_loadable_model(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from dart_ray.models.loading import PolicyProcessor, load_model
+
+    out = tmp_path / "tiny"
+    assert main(["model", "init", "--out", str(out), "--seed", "3"]) == 0
+    assert "parameters, seed 3" in capsys.readouterr().out
+    load_model(out)
+    assert PolicyProcessor.from_dir(out).min_pixels == 100 * 28 * 28  # UI-TARS's budget
+    # a second init does not overwrite silently
+    assert main(["model", "init", "--out", str(out)]) == 2
+    assert "already holds a model" in capsys.readouterr().err
+    assert main(["model", "init", "--out", str(out), "--force", "--hidden-size", "50"]) == 2
+    assert "even heads" in capsys.readouterr().err

@@ -1,0 +1,441 @@
+"""The UI-TARS-1.5 computer-use action grammar: parse model text, map coordinates, emit code.
+
+The policy writes `Thought: ...\\nAction: click(start_box='<|box_start|>(x,y)<|box_end|>')`.
+Its coordinates are absolute pixels in the screenshot *as the image processor resized it*
+(`smart_resize`: both sides multiples of 28, the area clamped to [min_pixels, max_pixels]), so
+they are mapped back to the screen by the ratio of screen size to resized size.
+
+Parsing never raises: a sampled policy writes anything at temperature 1, and a crash in the
+rollouter would lose the whole trajectory. What cannot be parsed becomes an `INVALID` action
+whose `error` says why, and the rollouter decides what an invalid step costs. The parser is a
+small hand-written scanner rather than `ast.literal_eval` or a regex over the whole call: it
+accepts the quoting UI-TARS actually writes (`'...'` with backslash escapes) and reports the
+position of what it could not read.
+
+`to_pyautogui` turns an action into the Python code an OSWorld-style desktop runs. Every model
+string enters that code through `repr()` and every coordinate as an `int`, so model text can
+never become code.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from dart_ray.records import Action, ActionKind
+
+FACTOR = 28
+"""Side multiple of the resized image: patch 14 x spatial merge 2."""
+MIN_PIXELS = 100 * 28 * 28
+"""UI-TARS-1.5's smallest resized area (78,400 px)."""
+MAX_PIXELS = 16384 * 28 * 28
+"""UI-TARS-1.5's largest resized area (12,845,056 px)."""
+BOX_START = "<|box_start|>"
+BOX_END = "<|box_end|>"
+SCROLL_DIRECTIONS = ("up", "down", "left", "right")
+
+WAIT = "WAIT"
+DONE = "DONE"
+FAIL = "FAIL"
+"""Control words of the OSWorld protocol for `wait()`, `finished()` and `call_user()`."""
+
+
+def smart_resize(
+    height: int,
+    width: int,
+    factor: int = FACTOR,
+    min_pixels: int = MIN_PIXELS,
+    max_pixels: int = MAX_PIXELS,
+) -> tuple[int, int]:
+    """(height, width) of the image the model sees: multiples of `factor`, area in range.
+
+    Round each side to the nearest multiple; if the area is too large, shrink both sides by
+    the same factor (flooring); if too small, grow them (ceiling). Same rule as the Qwen2-VL
+    image processor, which the tests check across many sizes.
+    """
+    if height <= 0 or width <= 0:
+        raise ValueError(f"image size must be positive, got {width}x{height}")
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(f"aspect ratio of {width}x{height} exceeds 200")
+    h_bar = max(factor, round(height / factor) * factor)
+    w_bar = max(factor, round(width / factor) * factor)
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinateMap:
+    """Maps model pixels (in the resized image) to screen pixels, and back."""
+
+    screen_width: int
+    screen_height: int
+    model_width: int
+    model_height: int
+
+    @classmethod
+    def for_screen(
+        cls,
+        width: int,
+        height: int,
+        min_pixels: int = MIN_PIXELS,
+        max_pixels: int = MAX_PIXELS,
+        factor: int = FACTOR,
+    ) -> CoordinateMap:
+        h, w = smart_resize(height, width, factor, min_pixels, max_pixels)
+        return cls(width, height, w, h)
+
+    @classmethod
+    def identity(cls, width: int, height: int) -> CoordinateMap:
+        return cls(width, height, width, height)
+
+    def to_screen(self, x: float, y: float) -> tuple[float, float]:
+        """Scale by screen/model and clamp onto the screen (a model may point off-image)."""
+        sx = x * self.screen_width / self.model_width
+        sy = y * self.screen_height / self.model_height
+        return (
+            min(max(sx, 0.0), float(self.screen_width - 1)),
+            min(max(sy, 0.0), float(self.screen_height - 1)),
+        )
+
+    def to_model(self, x: float, y: float) -> tuple[int, int]:
+        return (
+            round(x * self.model_width / self.screen_width),
+            round(y * self.model_height / self.screen_height),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedResponse:
+    """A model response split into its parts; `action` is INVALID when it could not be read."""
+
+    thought: str
+    action_text: str
+    action: Action
+
+
+# --------------------------------------------------------------------------- scanning
+
+
+class _ParseError(Exception):
+    """Internal only: turned into an INVALID action, never escapes this module."""
+
+
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "'": "'", '"': '"'}
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _scan_string(s: str, i: int) -> tuple[str, int]:
+    quote = s[i]
+    out: list[str] = []
+    i += 1
+    while i < len(s):
+        c = s[i]
+        if c == "\\" and i + 1 < len(s):
+            nxt = s[i + 1]
+            out.append(_ESCAPES.get(nxt, "\\" + nxt))
+            i += 2
+        elif c == quote:
+            return "".join(out), i + 1
+        else:
+            out.append(c)
+            i += 1
+    raise _ParseError(f"unterminated string starting with {quote}")
+
+
+def _skip_ws(s: str, i: int) -> int:
+    while i < len(s) and s[i].isspace():
+        i += 1
+    return i
+
+
+def _scan_call(s: str) -> tuple[str, dict[str, str]]:
+    """`name(key='value', key2=bare)` -> (name, {key: value}); trailing text is ignored."""
+    i = _skip_ws(s, 0)
+    m = _IDENT.match(s, i)
+    if m is None:
+        raise _ParseError(f"expected an action name at {s[i : i + 20]!r}")
+    name, i = m.group(), _skip_ws(s, m.end())
+    if i >= len(s) or s[i] != "(":
+        raise _ParseError(f"expected '(' after {name!r}")
+    i = _skip_ws(s, i + 1)
+    args: dict[str, str] = {}
+    while True:
+        if i >= len(s):
+            raise _ParseError(f"missing ')' in {name}(...)")
+        if s[i] == ")":
+            return name, args
+        km = _IDENT.match(s, i)
+        if km is None:
+            raise _ParseError(f"expected an argument name at {s[i : i + 20]!r}")
+        key, i = km.group(), _skip_ws(s, km.end())
+        if i >= len(s) or s[i] != "=":
+            raise _ParseError(f"expected '=' after argument {key!r}")
+        i = _skip_ws(s, i + 1)
+        if i < len(s) and s[i] in "'\"":
+            value, i = _scan_string(s, i)
+        else:
+            j = i
+            while j < len(s) and s[j] not in ",)":
+                j += 1
+            value, i = s[i:j].strip(), j
+        if key in args:
+            raise _ParseError(f"argument {key!r} given twice")
+        args[key] = value
+        i = _skip_ws(s, i)
+        if i < len(s) and s[i] == ",":
+            i = _skip_ws(s, i + 1)
+
+
+_NUMBER = r"-?\d+(?:\.\d+)?"
+_COORDS = re.compile(
+    rf"^[\(\[]\s*({_NUMBER})\s*,\s*({_NUMBER})(?:\s*,\s*({_NUMBER})\s*,\s*({_NUMBER}))?\s*[\)\]]$"
+)
+
+
+def parse_point(box: str) -> tuple[float, float]:
+    """A box string -> a point in model pixels. `(x,y)` is a point, `(x1,y1,x2,y2)` its centre.
+
+    The `<|box_start|>`/`<|box_end|>` wrappers are optional (decoding with special tokens
+    skipped drops them). Raises `_ParseError`: only for use inside this module.
+    """
+    inner = box.strip().removeprefix(BOX_START).removesuffix(BOX_END).strip()
+    m = _COORDS.match(inner)
+    if m is None:
+        raise _ParseError(f"cannot read coordinates from {box[:60]!r}")
+    x1, y1, x2, y2 = m.groups()
+    if not all(math.isfinite(float(v)) for v in m.groups() if v is not None):
+        raise _ParseError(f"coordinates out of range in {box[:60]!r}")
+    if x2 is None:
+        return float(x1), float(y1)
+    return (float(x1) + float(x2)) / 2, (float(y1) + float(y2)) / 2
+
+
+_POINT_KEYS = ("start_box", "point", "start_point")
+_END_KEYS = ("end_box", "end_point")
+_POINTER_KINDS = {
+    "click": ActionKind.CLICK,
+    "left_single": ActionKind.CLICK,
+    "left_double": ActionKind.LEFT_DOUBLE,
+    "right_single": ActionKind.RIGHT_SINGLE,
+}
+
+
+def _arg(args: dict[str, str], keys: tuple[str, ...], name: str) -> str:
+    for k in keys:
+        if k in args:
+            return args[k]
+    raise _ParseError(f"{name} needs {keys[0]}")
+
+
+def _build(name: str, args: dict[str, str], coords: CoordinateMap | None) -> Action:
+    def point(keys: tuple[str, ...]) -> tuple[float, float]:
+        x, y = parse_point(_arg(args, keys, name))
+        return coords.to_screen(x, y) if coords is not None else (x, y)
+
+    if name in _POINTER_KINDS:
+        return Action(_POINTER_KINDS[name], point=point(_POINT_KEYS))
+    if name == "drag":
+        return Action(ActionKind.DRAG, point=point(_POINT_KEYS), end_point=point(_END_KEYS))
+    if name == "hotkey":
+        keys = _arg(args, ("key", "keys", "hotkey"), name).strip()
+        if not keys:
+            raise _ParseError("hotkey has no key")
+        return Action(ActionKind.HOTKEY, text=keys)
+    if name == "type":
+        return Action(ActionKind.TYPE, text=_arg(args, ("content", "text"), name))
+    if name == "scroll":
+        direction = _arg(args, ("direction",), name).strip().lower()
+        if direction not in SCROLL_DIRECTIONS:
+            raise _ParseError(f"scroll direction {direction!r} is not one of {SCROLL_DIRECTIONS}")
+        has_point = any(k in args for k in _POINT_KEYS)
+        return Action(
+            ActionKind.SCROLL, point=point(_POINT_KEYS) if has_point else None, direction=direction
+        )
+    if name == "wait":
+        return Action(ActionKind.WAIT)
+    if name == "finished":
+        return Action(ActionKind.FINISHED, text=args.get("content", ""))
+    if name == "call_user":
+        return Action(ActionKind.CALL_USER)
+    raise _ParseError(f"unknown action {name!r}")
+
+
+_ACTION_LINE = re.compile(r"^[ \t]*Action[ \t]*:[ \t]*", re.M)
+_THOUGHT = re.compile(r"^\s*Thought\s*:\s*", re.S)
+
+
+def invalid(reason: str) -> Action:
+    return Action(ActionKind.INVALID, error=reason)
+
+
+def parse_action(text: str, coords: CoordinateMap | None = None) -> Action:
+    """One action call (`click(start_box='(1,2)')`) -> Action in screen pixels. Never raises."""
+    try:
+        name, args = _scan_call(text)
+        return _build(name, args, coords)
+    except _ParseError as e:
+        return invalid(str(e))
+    except (ValueError, OverflowError, ZeroDivisionError) as e:  # e.g. a 400-digit coordinate
+        return invalid(f"bad value: {e}")
+
+
+def parse_response(text: str, coords: CoordinateMap | None = None) -> ParsedResponse:
+    """A full response (`Thought: ...\\nAction: ...`) -> its parts. Never raises.
+
+    The action is the first line starting with `Action:`; everything before it, less a leading
+    `Thought:`, is the thought. Without coordinates `coords`, points stay in model pixels.
+    """
+    if not isinstance(text, str):
+        return ParsedResponse("", "", invalid(f"response is {type(text).__name__}, not text"))
+    m = _ACTION_LINE.search(text)
+    if m is None:
+        return ParsedResponse(text.strip(), "", invalid("no line starting with 'Action:'"))
+    thought = _THOUGHT.sub("", text[: m.start()], count=1).strip()
+    action_text = text[m.end() :].strip()
+    return ParsedResponse(thought, action_text, parse_action(action_text, coords))
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def _quote(s: str) -> str:
+    """Single-quoted the way UI-TARS writes it; `_scan_string` reads it back exactly."""
+    out = s.replace("\\", "\\\\").replace("'", "\\'")
+    return "'" + out.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r") + "'"
+
+
+def _box(p: tuple[float, float], coords: CoordinateMap | None, box_tokens: bool) -> str:
+    x, y = coords.to_model(*p) if coords is not None else (round(p[0]), round(p[1]))
+    inner = f"({x},{y})"
+    return _quote(f"{BOX_START}{inner}{BOX_END}" if box_tokens else inner)
+
+
+def format_action(
+    action: Action, coords: CoordinateMap | None = None, box_tokens: bool = True
+) -> str:
+    """The call text the model would write for `action` (points back in model pixels).
+
+    Used to write demonstrations for supervised warm starts and to test the parser.
+    Raises ValueError for an INVALID action, which has no text form.
+    """
+    k = action.kind
+
+    def pt(p: tuple[float, float] | None, what: str) -> str:
+        if p is None:
+            raise ValueError(f"{k.value} action needs {what}")
+        return _box(p, coords, box_tokens)
+
+    if k in (ActionKind.CLICK, ActionKind.LEFT_DOUBLE, ActionKind.RIGHT_SINGLE):
+        return f"{k.value}(start_box={pt(action.point, 'a point')})"
+    if k is ActionKind.DRAG:
+        return (
+            f"drag(start_box={pt(action.point, 'a start point')}, "
+            f"end_box={pt(action.end_point, 'an end point')})"
+        )
+    if k is ActionKind.HOTKEY:
+        return f"hotkey(key={_quote(action.text or '')})"
+    if k is ActionKind.TYPE:
+        return f"type(content={_quote(action.text or '')})"
+    if k is ActionKind.SCROLL:
+        where = f"start_box={pt(action.point, 'a point')}, " if action.point is not None else ""
+        return f"scroll({where}direction={_quote(action.direction or 'down')})"
+    if k is ActionKind.WAIT:
+        return "wait()"
+    if k is ActionKind.FINISHED:
+        return f"finished(content={_quote(action.text or '')})"
+    if k is ActionKind.CALL_USER:
+        return "call_user()"
+    raise ValueError(f"an {k.value} action has no text form ({action.error})")
+
+
+def format_response(
+    thought: str, action: Action, coords: CoordinateMap | None = None, box_tokens: bool = True
+) -> str:
+    """`Thought: ...\\nAction: ...`, the UI-TARS-1.5 response format."""
+    return f"Thought: {thought}\nAction: {format_action(action, coords, box_tokens)}"
+
+
+# --------------------------------------------------------------------------- pyautogui
+
+_KEY_ALIASES = {
+    "arrowleft": "left",
+    "arrowright": "right",
+    "arrowup": "up",
+    "arrowdown": "down",
+    "cmd": "command",
+    "meta": "win",
+    "super": "win",
+    "control": "ctrl",
+    "escape": "esc",
+    "return": "enter",
+    "spacebar": "space",
+    "pgup": "pageup",
+    "pgdn": "pagedown",
+}
+SCROLL_CLICKS = 5
+"""Wheel clicks per scroll action."""
+
+
+def hotkey_keys(keys: str) -> list[str]:
+    """`'ctrl c'`, `'ctrl+c'` or `'Ctrl + C'` -> ['ctrl', 'c'] (pyautogui key names)."""
+    parts = [p for p in re.split(r"[\s+]+", keys.strip().lower()) if p]
+    return [_KEY_ALIASES.get(p, p) for p in parts]
+
+
+def _xy(p: tuple[float, float] | None, what: str) -> str:
+    if p is None:
+        raise ValueError(f"action needs {what}")
+    return f"{round(p[0])}, {round(p[1])}"
+
+
+def to_pyautogui(action: Action) -> str:
+    """Python code (pyautogui calls) for a GUI action, or WAIT / DONE / FAIL for control ones.
+
+    Model strings only ever appear as `repr()` literals and coordinates as ints, so the result
+    is safe to run whatever the model wrote. Raises ValueError for INVALID (the rollouter
+    decides what an unparseable step does) and for an action missing its point.
+    """
+    k = action.kind
+    if k is ActionKind.CLICK:
+        return f"pyautogui.click({_xy(action.point, 'a point')})"
+    if k is ActionKind.LEFT_DOUBLE:
+        return f"pyautogui.doubleClick({_xy(action.point, 'a point')})"
+    if k is ActionKind.RIGHT_SINGLE:
+        return f"pyautogui.rightClick({_xy(action.point, 'a point')})"
+    if k is ActionKind.DRAG:
+        return (
+            f"pyautogui.moveTo({_xy(action.point, 'a start point')})\n"
+            f"pyautogui.dragTo({_xy(action.end_point, 'an end point')}, duration=0.5, "
+            "button='left')"
+        )
+    if k is ActionKind.HOTKEY:
+        keys = hotkey_keys(action.text or "")
+        if not keys:
+            raise ValueError("hotkey action has no keys")
+        return f"pyautogui.hotkey({', '.join(repr(key) for key in keys)})"
+    if k is ActionKind.TYPE:
+        text = action.text or ""
+        submit = text.endswith("\n")
+        code = f"pyautogui.write({text.removesuffix(chr(10))!r}, interval=0.01)"
+        return code + ("\npyautogui.press('enter')" if submit else "")
+    if k is ActionKind.SCROLL:
+        direction = action.direction if action.direction in SCROLL_DIRECTIONS else "down"
+        amount = SCROLL_CLICKS if direction in ("up", "left") else -SCROLL_CLICKS
+        fn = "scroll" if direction in ("up", "down") else "hscroll"
+        where = f", x={round(action.point[0])}, y={round(action.point[1])}" if action.point else ""
+        return f"pyautogui.{fn}({amount}{where})"
+    if k is ActionKind.WAIT:
+        return WAIT
+    if k is ActionKind.FINISHED:
+        return DONE
+    if k is ActionKind.CALL_USER:
+        return FAIL
+    raise ValueError(f"an {k.value} action has no code ({action.error})")

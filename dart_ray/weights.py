@@ -1,0 +1,123 @@
+"""Zero-copy state-dict packing for the object store, shared by the trainer and the server.
+
+`ray.put` of a dict of torch tensors pickles every tensor through torch's reducer, which
+copies the bytes more than once (measured here: ~55x the memory-copy floor at 2 GB, and out of
+memory at 500M parameters fp32 with two receivers). Ray ships numpy arrays out of band
+instead: `ray.put` writes each array's bytes once into the object store, and `ray.get` on the
+same node returns arrays that *are* the object-store memory. So a state dict travels as
+`PackedWeights`: one uint8 numpy view per tensor (any dtype, bfloat16 included, since the
+bytes are reinterpreted rather than converted) plus a small list of names, dtypes and shapes.
+
+The receiver turns the arrays back into torch views without copying (`unpack`) and copies
+them into its parameters in place (`load_into`), so the whole path costs one copy into the
+store and one copy into the model. The arrays are read-only views of shared memory: only the
+copy into the model writes, and no reference is kept after loading.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+_DTYPES: dict[str, torch.dtype] = {
+    str(d): d
+    for d in (
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.float64,
+        torch.int64,
+        torch.int32,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+    )
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TensorMeta:
+    name: str
+    dtype: str
+    """`str(torch.dtype)`, e.g. 'torch.bfloat16'."""
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PackedWeights:
+    """A state dict as raw byte arrays that Ray serialises without copies."""
+
+    metas: tuple[TensorMeta, ...]
+    arrays: tuple[np.ndarray, ...]
+    """One uint8 array per tensor, its raw bytes."""
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays)
+
+    def __len__(self) -> int:
+        return len(self.metas)
+
+
+def pack(state_dict: Mapping[str, torch.Tensor]) -> PackedWeights:
+    """Byte views of each tensor (a copy only for non-contiguous or non-CPU tensors)."""
+    metas: list[TensorMeta] = []
+    arrays: list[np.ndarray] = []
+    for name, t in state_dict.items():
+        if str(t.dtype) not in _DTYPES:
+            raise TypeError(f"{name}: dtype {t.dtype} cannot be packed")
+        t = t.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        t = t.contiguous()
+        metas.append(TensorMeta(name, str(t.dtype), tuple(t.shape)))
+        arrays.append(t.reshape(-1).view(torch.uint8).numpy())
+    return PackedWeights(tuple(metas), tuple(arrays))
+
+
+def unpack(packed: PackedWeights) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) views of the packed bytes; no copy. Do not write into them."""
+    if len(packed.metas) != len(packed.arrays):
+        raise ValueError(f"{len(packed.metas)} tensor descriptions for {len(packed.arrays)} arrays")
+    with warnings.catch_warnings():
+        # Arrays from the object store are read-only; torch warns that it cannot protect them.
+        warnings.filterwarnings("ignore", message=".*not writable.*")
+        for meta, arr in zip(packed.metas, packed.arrays, strict=True):
+            dtype = _DTYPES.get(meta.dtype)
+            if dtype is None:
+                raise TypeError(f"{meta.name}: unknown dtype {meta.dtype}")
+            flat = torch.from_numpy(arr)
+            yield meta.name, flat.view(dtype).reshape(meta.shape)
+
+
+@torch.no_grad()
+def load_into(model: torch.nn.Module, packed: PackedWeights, strict: bool = True) -> int:
+    """Copy packed tensors into the model's parameters and buffers in place; returns bytes.
+
+    In place means the model object, its storage and anything holding it (an engine, a
+    compiled graph) stay as they are. With `strict`, every packed name must exist in the model
+    and every parameter must be covered, else ValueError names the difference.
+    """
+    targets = dict(model.state_dict(keep_vars=True))
+    names = {m.name for m in packed.metas}
+    if strict:
+        unknown = sorted(names - set(targets))
+        missing = sorted(n for n, _ in model.named_parameters() if n not in names)
+        if unknown or missing:
+            raise ValueError(
+                f"weights do not match the model: unknown {unknown[:5]}, missing {missing[:5]}"
+            )
+    copied = 0
+    for name, src in unpack(packed):
+        dst = targets.get(name)
+        if dst is None:
+            continue
+        if tuple(dst.shape) != tuple(src.shape):
+            raise ValueError(f"{name}: shape {tuple(src.shape)} != model's {tuple(dst.shape)}")
+        dst.data.copy_(src)
+        copied += src.numel() * src.element_size()
+    return copied

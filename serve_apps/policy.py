@@ -1,0 +1,246 @@
+"""The policy server: a Ray Serve deployment that generates actions and takes new weights live.
+
+One replica holds one engine (`policy.engine`: transformers or vLLM). Requests arrive through
+a Serve handle (`generate(GenerateRequest) -> Generation`) from the rollouter, or over HTTP on
+an OpenAI-compatible `/v1/chat/completions` route (images as data URLs) so that evaluation
+tools can call the policy too. The transformers engine batches concurrent requests with
+`serve.batch` (up to `policy.max_batch_size`, waiting `policy.batch_wait_ms` for company);
+vLLM batches by itself.
+
+Weights: `update_weights(version, [ObjectRef])`, sent to any one replica, records the publish
+in a deployment-scoped `WeightRegistry` (so replicas that start later load it first) and
+fans `load_weights` out to every live replica with `handle.broadcast`. Each replica loads the
+packed tensors in place from the object store (zero-copy, see `dart_ray.weights`); requests
+in flight finish on the version they started with (`VersionGate`), and every `Generation`
+carries the version that produced it. The call returns each replica's version.
+
+Security: HTTP binds to `policy.http_host` (127.0.0.1 unless configured), and with
+`policy.auth_token_env` set every route but `/health` needs `Authorization: Bearer <token>`,
+the token read from that environment variable in the replica. The token is never logged.
+
+(No `from __future__ import annotations` here: FastAPI must see `Request` as a real class on
+the ingress methods, or it takes `request` for a query parameter.)
+"""
+
+import hmac
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from ray import ObjectRef, serve
+from ray.serve.config import AutoscalingConfig, DeploymentActorConfig
+from ray.serve.handle import DeploymentHandle
+
+from dart_ray.config import PolicyConfig
+from dart_ray.engines import make_engine
+from dart_ray.engines.base import GenerateRequest, Generation, SamplingParams
+from dart_ray.prompts import BadRequest, from_openai
+from dart_ray.weights import PackedWeights
+from serve_apps.weight_registry import WeightRegistry
+
+log = logging.getLogger("ray.serve")
+http = FastAPI(title="dart-ray policy")
+REGISTRY = "weights"
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateReport:
+    """What `update_weights` did: the version and where each replica stands now."""
+
+    version: int
+    replicas: dict[str, int] = field(default_factory=dict)
+    """Replica id -> the version it serves after the update."""
+    seconds: float = 0.0
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
+
+
+def _sampling(body: dict[str, Any], defaults: SamplingParams) -> SamplingParams:
+    stop = body.get("stop") or ()
+    stop = (stop,) if isinstance(stop, str) else tuple(stop)
+    try:
+        return SamplingParams(
+            temperature=float(body.get("temperature", defaults.temperature)),
+            top_p=float(body.get("top_p", defaults.top_p)),
+            max_new_tokens=int(body.get("max_tokens", defaults.max_new_tokens)),
+            stop=tuple(str(s) for s in stop),
+        )
+    except (TypeError, ValueError) as e:
+        raise BadRequest(f"bad sampling parameter: {e}") from None
+
+
+@serve.deployment(name="PolicyServer")
+@serve.ingress(http)
+class PolicyServer:
+    async def __init__(self, cfg: dict[str, Any], model_path: str) -> None:
+        self.cfg = PolicyConfig.model_validate(cfg)
+        self.engine = make_engine(self.cfg, model_path)
+        self.model_path = model_path
+        self.defaults = SamplingParams(
+            self.cfg.temperature, self.cfg.top_p, self.cfg.max_new_tokens
+        )
+        self._batched.set_max_batch_size(self.cfg.max_batch_size)
+        self._batched.set_batch_wait_timeout_s(self.cfg.batch_wait_ms / 1000)
+        self._token: str | None = None
+        if self.cfg.auth_token_env:
+            self._token = os.environ.get(self.cfg.auth_token_env)
+            if not self._token:
+                raise RuntimeError(
+                    f"policy.auth_token_env names {self.cfg.auth_token_env}, which is not set "
+                    "(or empty) in the replica's environment"
+                )
+        ctx = serve.get_replica_context()
+        self.replica = ctx.replica_id.unique_id
+        self.app_name = ctx.app_name
+        self.deployment = ctx.deployment
+        version, refs = await serve.get_deployment_actor(REGISTRY).latest.remote()
+        if version > self.engine.version:  # a replica started after a publish
+            await self.load_weights(version, refs)
+
+    # ------------------------------------------------------------------ generation
+
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
+    async def _batched(self, prepared: list[Any]) -> list[Generation]:
+        return await self.engine.generate(prepared)
+
+    async def generate(self, request: GenerateRequest) -> Generation:
+        """One response for one request; raises BadRequest for a malformed request."""
+        if not isinstance(request, GenerateRequest):
+            raise BadRequest(f"generate takes a GenerateRequest, not {type(request).__name__}")
+        prepared = self.engine.prepare(request, self.defaults)
+        if self.engine.name == "hf":
+            return await self._batched(prepared)
+        return (await self.engine.generate([prepared]))[0]
+
+    # ------------------------------------------------------------------ weights
+
+    async def update_weights(self, version: int, refs: list[ObjectRef]) -> UpdateReport:
+        """Publish `version` to every replica (and to later ones); returns their versions."""
+        if not isinstance(refs, list) or len(refs) != 1 or not isinstance(refs[0], ObjectRef):
+            raise BadRequest("update_weights takes a list with one ObjectRef of PackedWeights")
+        t0 = time.perf_counter()
+        await serve.get_deployment_actor(REGISTRY).publish.remote(version, refs)
+        handle: DeploymentHandle = serve.get_deployment_handle(self.deployment, self.app_name)
+        results = await handle.broadcast("load_weights", version, refs).results_async()
+        replicas = dict(results)
+        return UpdateReport(version, replicas, time.perf_counter() - t0)
+
+    async def load_weights(self, version: int, refs: list[ObjectRef]) -> tuple[str, int]:
+        """Load `version` into this replica in place (broadcast target); (replica, version)."""
+        if version > self.engine.version:
+            weights = await refs[0]
+            if not isinstance(weights, PackedWeights):
+                raise BadRequest(f"weights must be PackedWeights, got {type(weights).__name__}")
+            seconds = await self.engine.update_weights(version, weights)
+            del weights  # release the object-store view
+            log.info("replica %s loaded version %d in %.3f s", self.replica, version, seconds)
+        return self.replica, self.engine.version
+
+    def version(self) -> int:
+        return self.engine.version
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "ok": True,
+            "replica": self.replica,
+            "engine": self.engine.name,
+            "version": self.engine.version,
+            "last_update_s": self.engine.last_update_s,
+        }
+
+    # ------------------------------------------------------------------ HTTP
+
+    def _authorised(self, request: Request) -> bool:
+        if self._token is None:
+            return True
+        given = request.headers.get("authorization", "")
+        return hmac.compare_digest(given.encode(), f"Bearer {self._token}".encode())
+
+    @http.get("/health")
+    def http_health(self) -> dict[str, Any]:
+        return {"ok": True, "version": self.engine.version}
+
+    @http.get("/v1/models")
+    def http_models(self, request: Request) -> Any:
+        if not self._authorised(request):
+            return _error(401, "missing or wrong bearer token", "authentication_error")
+        name = Path(self.model_path).name
+        return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "dart-ray"}]}
+
+    @http.post("/v1/chat/completions")
+    async def http_chat(self, request: Request) -> Any:
+        if not self._authorised(request):
+            return _error(401, "missing or wrong bearer token", "authentication_error")
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "the body is not JSON")
+        if not isinstance(body, dict):
+            return _error(400, "the body must be a JSON object")
+        if body.get("stream"):
+            return _error(400, "stream=true is not supported")
+        try:
+            req = GenerateRequest(
+                tuple(from_openai(body.get("messages"))), _sampling(body, self.defaults)
+            )
+            gen = await self.generate(req)
+        except BadRequest as e:
+            return _error(400, str(e))
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model") or Path(self.model_path).name,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": gen.text},
+                    "finish_reason": gen.finish_reason,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": len(gen.prompt_ids),
+                "completion_tokens": len(gen.response_ids),
+                "total_tokens": len(gen.prompt_ids) + len(gen.response_ids),
+            },
+            "weight_version": gen.weight_version,
+        }
+
+
+def build_app(cfg: PolicyConfig, model_path: str | Path) -> serve.Application:
+    """The policy application with replicas, autoscaling and resources from `cfg`."""
+    options: dict[str, Any] = {
+        "ray_actor_options": {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus},
+        "max_ongoing_requests": max(cfg.max_ongoing_requests, cfg.max_batch_size),
+        "deployment_actors": [
+            DeploymentActorConfig(
+                name=REGISTRY, actor_class=WeightRegistry, actor_options={"num_cpus": 0}
+            )
+        ],
+    }
+    if cfg.autoscaling:
+        options["autoscaling_config"] = AutoscalingConfig(
+            min_replicas=cfg.min_replicas,
+            max_replicas=cfg.max_replicas,
+            target_ongoing_requests=cfg.target_ongoing_requests,
+        )
+    else:
+        options["num_replicas"] = cfg.replicas
+    deployment = PolicyServer.options(**options)
+    return deployment.bind(cfg.model_dump(mode="json"), str(model_path))
+
+
+def run_policy(
+    cfg: PolicyConfig, model_path: str | Path, name: str = "policy", route_prefix: str = "/"
+) -> DeploymentHandle:
+    """Start Serve's HTTP proxy on `policy.http_host:http_port` and deploy; returns the handle."""
+    serve.start(http_options={"host": cfg.http_host, "port": cfg.http_port})
+    return serve.run(build_app(cfg, model_path), name=name, route_prefix=route_prefix)
