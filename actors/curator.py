@@ -1,8 +1,10 @@
 """The curator as a Ray actor: a thin async wrapper around `dart_ray.data.curator.CuratorCore`.
 
-Trainer ranks call `get_shard(step, rank)`; every rank asking for the same step number gets
-its own shard of the same curated step (the first request binds the next queued step to
-that number). After the optimizer step, rank 0 calls `ack_step(step)`. A background task
+Trainer ranks call `get_shard(session, step, rank)`; every rank asking for the same step
+number gets its own shard of the same curated step (the first request binds the next queued
+step to that number). The trainer acknowledges the rows in the log once the weights they
+trained are durable and then calls `forget_steps`; a trainer that starts with a newer
+session number makes the curator give the previous trainer's unacknowledged steps back. A background task
 polls the durable log; database and blob I/O run in a worker thread under one lock, so the
 actor stays responsive to the trainer while it curates.
 """
@@ -71,6 +73,7 @@ class Curator:
         self.poll_interval_s = poll_interval_s
         self._lock = asyncio.Lock()
         self._bound: dict[int, TrainStep] = {}
+        self._session = -1
         self._changed = asyncio.Event()
         self._poller: asyncio.Task[None] | None = None
 
@@ -91,11 +94,27 @@ class Curator:
     async def start(self) -> None:
         await self._ensure_poller()
 
+    async def _enter_session(self, session: int) -> bool:
+        """Requests carry the trainer's session (a number that grows with each trainer start).
+        A newer session means the previous trainer is gone: its steps that were never
+        acknowledged go back to the pool. Requests of an older session are refused."""
+        if session < self._session:
+            return False
+        if session > self._session:
+            async with self._lock:
+                for ts in self._bound.values():
+                    await asyncio.to_thread(self.core.release, ts.step_id)
+            self._bound.clear()
+            self._session = session
+        return True
+
     async def get_shard(
-        self, step: int, rank: int, timeout_s: float | None = None
+        self, session: int, step: int, rank: int, timeout_s: float | None = None
     ) -> tuple[pa.RecordBatch, StepInfo] | None:
         """Rank `rank`'s shard of training step `step`; None if nothing is ready in time."""
         await self._ensure_poller()
+        if not await self._enter_session(session):
+            raise RuntimeError(f"trainer session {session} was superseded by {self._session}")
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
         while step not in self._bound:
@@ -116,15 +135,24 @@ class Curator:
         )
         return ts.shards[rank], info
 
-    async def ack_step(self, step: int) -> int:
-        """The optimizer step `step` finished: acknowledge its rows in the log.
+    async def forget_steps(self, session: int, steps: list[int]) -> None:
+        """The trainer acknowledged these steps in the log itself."""
+        if session != self._session:
+            return
+        for k in steps:
+            ts = self._bound.pop(k, None)
+            if ts is not None:
+                self.core.forget(ts.step_id)
 
-        Returns 0 for a step this actor does not know (it restarted after handing it out):
-        the trainer then acknowledges through `StepInfo.claims` itself.
-        """
-        ts = self._bound.pop(step, None)
+    async def ack_step(self, session: int, step: int) -> int:
+        """Acknowledge step `step` through the curator (for trainers that do not do it
+        themselves). Returns 0 for a step this actor does not know (it restarted after
+        handing it out): the trainer then acknowledges through `StepInfo.claims`."""
+        ts = self._bound.pop(step, None) if session == self._session else None
         if ts is None:
-            log.warning("ack for step %d, which this curator did not hand out", step)
+            log.warning(
+                "ack for step %d of session %d, which this curator did not hand out", step, session
+            )
             return 0
         async with self._lock:
             return await asyncio.to_thread(self.core.ack, ts.step_id)

@@ -5,9 +5,10 @@ the queue has room: that is the backpressure, and unclaimed rows are the visible
 buffer"), drop rows older than the staleness bound, read their trajectories from blob
 storage, complete groups, curate them, and when enough groups are ready pack one training
 step (one Arrow shard per rank). Rows of a step are acknowledged only by `ack(step)`, after
-the trainer's optimizer step that used them; rows dropped during curation are settled at
-once with their reason. Claims are renewed while their rows wait, so a live curator never
-loses a lease, and a dead one's rows return to the pool.
+the trainer's optimizer step that used them (the trainer does it, once those weights are in
+a durable checkpoint); rows dropped during curation are settled at once with their reason.
+The curator renews the leases of rows it holds; once a step is handed out, its trainer
+renews them. A dead curator's or trainer's rows return to the pool when their lease ends.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dart_ray.data.curation import CurationParams, GroupOutcome, curate_group
 from dart_ray.data.grouping import GroupBuffer
 from dart_ray.records import Trajectory
 from dart_ray.store.blobs import BlobStore
-from dart_ray.store.log import Claim, DurableLog, LogRow
+from dart_ray.store.log import Claim, DurableLog, LeaseLostError, LogRow
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,8 @@ class CuratorMetrics:
     rows_trained: int = 0
     samples_formed: int = 0
     replays: int = 0
+    released_rows: int = 0
+    """Rows of handed-out steps given back because their trainer went away."""
     dropped: Counter[str] = field(default_factory=Counter)
     staleness: Counter[int] = field(default_factory=Counter)
     """Claimed rows by version lag (current version - row version)."""
@@ -188,42 +191,69 @@ class CuratorCore:
     # ------------------------------------------------------------------ outputs
 
     def take_step(self) -> TrainStep | None:
-        """The next queued step, numbered in order of hand-out; None if none is ready."""
+        """Hand the next queued step to a trainer, numbered in order of hand-out.
+
+        From here the trainer owns the step's rows: it renews their leases and acknowledges
+        them once the weights they trained are durable. The curator stops renewing them and
+        only remembers the step, to `release` it if its trainer goes away."""
         if not self.queue:
             return None
         step = self.queue.popleft()
         step.step_id = self._next_step
         self._next_step += 1
         self.in_flight[step.step_id] = step
+        for rid in step.rows:
+            self._forget(rid)
         self._update_gauges()
         return step
 
     def ack(self, step_id: int) -> int:
-        """The optimizer step that used `step_id` completed: its rows are consumed."""
-        step = self.in_flight.pop(step_id)
+        """Acknowledge a handed-out step's rows in the log (when the curator's caller does not
+        acknowledge them itself)."""
+        step = self.in_flight[step_id]
         for c in step.claims:
             self.log.ack(c)
-        for rid in step.rows:
-            self._forget(rid)
-        self.metrics.steps_acked += 1
-        self.metrics.rows_trained += len(step.rows)
-        self._update_gauges()
+        self.forget(step_id)
         return len(step.rows)
 
+    def forget(self, step_id: int) -> None:
+        """The step's rows were acknowledged (by its trainer): stop tracking it."""
+        step = self.in_flight.pop(step_id, None)
+        if step is not None:
+            self.metrics.steps_acked += 1
+            self.metrics.rows_trained += len(step.rows)
+        self._update_gauges()
+
+    def release(self, step_id: int) -> int:
+        """Its trainer went away before acknowledging: the step's rows go back to the pool
+        (those whose lease already expired went back on their own)."""
+        step = self.in_flight.pop(step_id, None)
+        if step is None:
+            return 0
+        n = 0
+        for c in step.claims:
+            try:
+                n += self.log.release(c)
+            except LeaseLostError:
+                log.info("step %d: claim %s already expired back to the pool", step_id, c.claim_id)
+        self.metrics.released_rows += n
+        self._update_gauges()
+        return n
+
     def release_all(self) -> int:
-        """Give every held, unacknowledged row back to the pool (clean shutdown)."""
+        """Give every held and handed-out, unacknowledged row back (clean shutdown)."""
+        n = sum(self.release(k) for k in list(self.in_flight))
         by_claim: dict[str, tuple[Claim, list[int]]] = {}
         for rid, c in self._claims.items():
             by_claim.setdefault(c.claim_id, (c, []))[1].append(rid)
-        n = 0
         for c, ids in by_claim.values():
             n += self.log.release(c, ids)
         self._claims.clear()
         self._trajectories.clear()
         self.queue.clear()
-        self.in_flight.clear()
         self._ready.clear()
         self.groups = GroupBuffer(self.s.group_size, self.s.min_group, self.s.group_timeout_s)
+        self._update_gauges()
         return n
 
     # ------------------------------------------------------------------ helpers

@@ -143,6 +143,18 @@ class CheckpointRegistry:
             extra["path"] = path
         self._move(cid, COMPLETED, **extra)
 
+    def attach(self, cid: int, path: str) -> None:
+        """Record durable files for a COMPLETED checkpoint that had none yet."""
+        cp = checkpoint.c
+        with self.engine.begin() as c:
+            n = c.execute(
+                checkpoint.update()
+                .where(cp.id == cid, cp.status == COMPLETED, cp.deleted_at.is_(None))
+                .values(path=path, updated_at=utcnow())
+            ).rowcount
+        if n != 1:
+            raise CheckpointStateError(f"checkpoint {cid} is not COMPLETED; cannot attach {path}")
+
     def fail(self, cid: int, error: str) -> None:
         self._move(cid, FAILED, finished_at=utcnow(), error=error[:60000])
 

@@ -112,9 +112,15 @@ def collate(
 
 
 def response_logprobs(
-    model: torch.nn.Module, mb: MicroBatch, temperature: float = 1.0
+    model: torch.nn.Module,
+    mb: MicroBatch,
+    temperature: float = 1.0,
+    suppressed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, T) log-probs of the response tokens and (B, T) entropies, response-aligned."""
+    """(B, T) log-probs of the response tokens and (B, T) entropies, response-aligned.
+
+    `suppressed` token ids get no probability, as in the inference engine (which never
+    samples special tokens but the end token), so both sides use the same distribution."""
     out = model(
         input_ids=mb.input_ids,
         attention_mask=mb.attention_mask,
@@ -130,9 +136,11 @@ def response_logprobs(
     pos = (mb.prompt_lens.unsqueeze(1) - 1 + torch.arange(t).unsqueeze(0)).clamp(
         max=logits.shape[1] - 1
     )  # (B, T)
-    sel = logits.gather(1, pos.unsqueeze(-1).expand(b, t, logits.shape[-1]))  # (B, T, V)
-    logp_all = torch.log_softmax(sel.float(), dim=-1)
+    sel = logits.gather(1, pos.unsqueeze(-1).expand(b, t, logits.shape[-1])).float()  # (B, T, V)
+    if suppressed is not None and suppressed.numel():
+        sel = sel.index_fill(-1, suppressed, float("-inf"))
+    logp_all = torch.log_softmax(sel, dim=-1)
     logp = logp_all.gather(-1, mb.response_ids.unsqueeze(-1)).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    entropy = -(logp_all.exp() * logp_all.clamp(min=-1e30)).sum(-1)  # 0 * -inf -> 0
     mask = mb.response_mask.to(logp.dtype)
     return logp * mask, (entropy * mask).detach()

@@ -93,6 +93,7 @@ class Learner:
         tokens_per_micro: int = 8192,
         warmup_steps: int = 0,
         ref_model: torch.nn.Module | None = None,
+        suppressed_ids: list[int] | None = None,
     ) -> None:
         self.model = model
         self.ref_model = ref_model
@@ -107,6 +108,7 @@ class Learner:
             self.optimizer, lambda k: min(1.0, (k + 1) / (warmup_steps + 1))
         )
         self._dummy: MicroBatch | None = None
+        self.suppressed = torch.tensor(suppressed_ids or [], dtype=torch.long)
 
     # ------------------------------------------------------------------ micro-batches
 
@@ -143,7 +145,7 @@ class Learner:
     ) -> tuple[torch.Tensor, dict[str, float]]:
         s = self.s
         mask = mb.response_mask
-        logp, entropy = response_logprobs(self.model, mb, s.temperature)
+        logp, entropy = response_logprobs(self.model, mb, s.temperature, self.suppressed)
         logp_old = logp.detach()
         w = truncated_is_weight(logp_old, mb.behaviour_logprobs, s.is_cap) * mask
         n_tok = float(mask.sum())
@@ -175,7 +177,7 @@ class Learner:
             denom, scale = n_seq, scale_seq
         if self.ref_model is not None and s.kl_beta > 0:
             with torch.no_grad():
-                ref_logp, _ = response_logprobs(self.ref_model, mb, s.temperature)
+                ref_logp, _ = response_logprobs(self.ref_model, mb, s.temperature, self.suppressed)
             kl = aggregate(kl_k3(logp, ref_logp), mask, s.loss_agg)
             loss = loss + s.kl_beta * kl
             m["kl_ref"] = float(kl)

@@ -1,18 +1,24 @@
-"""The Ray Train worker loop: pull a shard, take an optimizer step, acknowledge, publish.
+"""The Ray Train worker loop: pull a shard, take an optimizer step, publish, make it durable.
 
     for each step k:
-        shard_k = curator.get_shard(k, rank)           # all ranks get a shard of the same step
+        shard_k = curator.get_shard(session, k, rank)  # every rank: a shard of the same step
         learner.step(shard_k)                           # FSDP2 forward/backward/clip/AdamW
-        rank 0: log.ack(step k's claims)                # rows are trained exactly once
+        rank 0 takes over step k's claims (renews their leases from now on)
         every sync_every steps: version += 1
             gather the full state dict (all ranks) -> rank 0: pack, ray.put once,
-            checkpoint row PENDING -> RUNNING, policy.update_weights (every replica loads
-            in place), COMPLETED (or FAILED with the reason); tell the curator the version
-        every save_every versions: a durable HF checkpoint + optimizer state
+            policy.update_weights (every replica loads in place), checkpoint row
+            PENDING -> RUNNING -> COMPLETED (or FAILED with the reason)
+        every save_every versions, and at the end: a durable HF checkpoint + optimizer state,
+            then rank 0 acknowledges every claim it holds in the log
 
-Publishing goes through the policy server's `update_weights`, which broadcasts to every
-replica and records the version for replicas that start later. Rank 0 owns the object and
-waits until every replica has loaded it, so the object outlives every `ray.get` on it.
+Rows are acknowledged only once the weights they trained are in a durable checkpoint. A
+trainer that dies loses at most the steps since its last checkpoint, and exactly those rows
+go back to the pool (its leases lapse, and the curator releases them when a new trainer
+session starts), to be trained again from the checkpoint it resumes: nothing trained twice
+into the durable weights, nothing lost.
+
+Rank 0 owns the object it publishes and waits in `update_weights` until every replica has
+loaded it, so the object outlives every `ray.get` on it.
 """
 
 from __future__ import annotations
@@ -26,10 +32,7 @@ from typing import Any
 import ray
 import torch
 import torch.distributed as dist
-from dart_ray.models.loading import PolicyProcessor, load_model
-from dart_ray.weights import pack
 from ray import serve
-from ray.serve.handle import DeploymentHandle
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_optimizer_state_dict,
@@ -37,10 +40,12 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from dart_ray.config import Config
-from dart_ray.store import Store, open_store
+from dart_ray.models.loading import PolicyProcessor, load_model
+from dart_ray.store import Claim, Store, open_store
 from dart_ray.train.checkpointing import TrainerState, read_trainer_state, save_checkpoint
 from dart_ray.train.fsdp import full_state_dict, shard_model
 from dart_ray.train.learner import Learner, LossSettings
+from dart_ray.weights import pack
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +64,16 @@ class TrainJob:
     policy_app: str
     """Ray Serve application of the policy server (its `update_weights` reaches every replica)."""
     control: str
+    """Name of the RunControl actor."""
     namespace: str
+    session: int = field(default_factory=time.time_ns)
+    """Grows with every trainer start; tells the curator a previous trainer is gone."""
     start: TrainerState = field(default_factory=lambda: TrainerState(step=0, version=0))
     poll_s: float = 2.0
 
 
-def _rank() -> tuple[int, int]:
-    if dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
 
 
 def _any(flag: bool) -> bool:
@@ -81,13 +87,79 @@ def _any(flag: bool) -> bool:
 def _next_shard(job: TrainJob, curator: Any, control: Any, step: int, rank: int) -> Any | None:
     """This rank's shard of `step`, or None when the run stops (decided by all ranks at once)."""
     while True:
-        res = ray.get(curator.get_shard.remote(step, rank, timeout_s=job.poll_s))
+        res = ray.get(curator.get_shard.remote(job.session, step, rank, timeout_s=job.poll_s))
         if _any(res is not None):
             if res is None:  # a peer bound the step: it is there now
-                res = ray.get(curator.get_shard.remote(step, rank))
+                res = ray.get(curator.get_shard.remote(job.session, step, rank))
             return res
         if _any(ray.get(control.stop_requested.remote())):
             return None
+
+
+class Publisher:
+    """Rank 0's side of syncing: checkpoint rows, publication, durable saves, and the claims
+    of trained-but-not-yet-durable steps."""
+
+    def __init__(self, job: TrainJob, store: Store, curator: Any) -> None:
+        self.job = job
+        self.store = store
+        self.curator = curator
+        self.policy = serve.get_deployment_handle("PolicyServer", job.policy_app)
+        self.pending: dict[int, list[Claim]] = {}
+
+    def hold(self, step: int, claims: tuple[Claim, ...]) -> None:
+        """Take over a trained step's claims, and keep every held lease alive."""
+        self.pending[step] = list(claims)
+        lease = self.job.config.curation.lease_s
+        for held in self.pending.values():
+            held[:] = [self.store.log.renew(c, lease) for c in held]
+
+    def publish(self, version: int, state: dict[str, torch.Tensor]) -> tuple[int, float]:
+        """Put once, every replica loads in place; returns (checkpoint id, seconds)."""
+        t0 = time.monotonic()
+        cps = self.store.checkpoints
+        cid = cps.create(self.job.run_id, version, source="train")
+        cps.start(cid)
+        try:
+            ref = ray.put(pack(state))  # once; replicas on this node read it zero-copy
+            report = self.policy.update_weights.remote(version, [ref]).result()
+            behind = {r: v for r, v in report.replicas.items() if v < version}
+            if behind:
+                raise RuntimeError(f"replicas still on older versions after the update: {behind}")
+            del ref
+        except Exception as e:
+            cps.fail(cid, f"{type(e).__name__}: {e}")
+            raise
+        return cid, time.monotonic() - t0
+
+    def make_durable(
+        self,
+        cid: int,
+        model: torch.nn.Module,
+        state: dict[str, torch.Tensor],
+        opt_state: dict[str, Any] | None,
+        at: TrainerState,
+        *,
+        completed: bool = False,
+    ) -> None:
+        """Complete the checkpoint row; with `opt_state`, first write its files and then
+        acknowledge every held claim: those rows are now in durable weights."""
+        path = None
+        if opt_state is not None:
+            out = Path(self.job.run_dir) / "checkpoints" / f"v{at.version}"
+            path = str(save_checkpoint(out, model, state, opt_state, Path(self.job.model_dir), at))
+        if completed:
+            if path is not None:
+                self.store.checkpoints.attach(cid, path)
+        else:
+            self.store.checkpoints.complete(cid, path)
+        if path is None:
+            return
+        for claims in self.pending.values():
+            for c in claims:
+                self.store.log.ack(c)
+        ray.get(self.curator.forget_steps.remote(self.job.session, sorted(self.pending)))
+        self.pending.clear()
 
 
 def _learner(job: TrainJob, model: torch.nn.Module, processor: PolicyProcessor) -> Learner:
@@ -111,44 +183,74 @@ def _learner(job: TrainJob, model: torch.nn.Module, processor: PolicyProcessor) 
         weight_decay=c.train.weight_decay,
         grad_clip=c.train.grad_clip,
         tokens_per_micro=c.train.tokens_per_rank,
+        suppressed_ids=processor.suppressed_ids(c.policy.allow_special_tokens),
     )
 
 
-def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
-    """Entry point for `ray.train.torch.TorchTrainer`."""
-    job: TrainJob = loop_config["job"]
+def _build(job: TrainJob) -> tuple[torch.nn.Module, Learner]:
     c = job.config
-    rank, _ = _rank()
-    torch.manual_seed(c.run.seed)
     processor = PolicyProcessor.from_dir(job.model_dir)
     model = load_model(job.model_dir)
     if c.train.gradient_checkpointing:
         model.gradient_checkpointing_enable()
-    ref = None
+    device = "cuda" if c.train.use_gpu else "cpu"
+    learner = _learner(job, shard_model(model, device), processor)
     if c.algo.kl_beta > 0:
-        ref = shard_model(load_model(job.model_dir))
-    shard_model(model, "cuda" if c.train.use_gpu else "cpu")
-    learner = _learner(job, model, processor)
-    learner.ref_model = ref
-    if (Path(job.model_dir) / "optimizer.pt").is_file():
-        opt_state = (
-            torch.load(Path(job.model_dir) / "optimizer.pt", weights_only=False)
-            if rank == 0
-            else {}
-        )
+        learner.ref_model = shard_model(load_model(job.model_dir), device)
+    opt_file = Path(job.model_dir) / "optimizer.pt"
+    if opt_file.is_file():  # resuming from a durable checkpoint
+        opt_state = torch.load(opt_file, weights_only=False) if _rank() == 0 else {}
         set_optimizer_state_dict(
             model,
             learner.optimizer,
             opt_state,
             options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
         )
+    return model, learner
 
+
+def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
+    """Entry point for `ray.train.torch.TorchTrainer`."""
+    job: TrainJob = loop_config["job"]
+    c = job.config
+    rank = _rank()
+    torch.manual_seed(c.run.seed)
+    model, learner = _build(job)
     curator = ray.get_actor(job.curator, namespace=job.namespace)
-    policy = serve.get_deployment_handle("PolicyServer", job.policy_app) if rank == 0 else None
     control = ray.get_actor(job.control, namespace=job.namespace)
     store = open_store(c) if rank == 0 else None
+    pub = Publisher(job, store, curator) if store is not None else None
     step, version = job.start.step, job.start.version
+    synced_step, saved_step = step, step
     ray.get(curator.set_version.remote(version))
+
+    last_cid = -1
+
+    def sync(*, bump: bool, save: bool) -> float:
+        """Every rank: gather (and the optimizer state when saving). Rank 0 publishes a new
+        version (`bump`) and/or makes the current one durable (`save`)."""
+        nonlocal version, synced_step, saved_step, last_cid
+        if bump:
+            version += 1
+        state = full_state_dict(model)
+        opt_state = None
+        if save:
+            opt_state = get_optimizer_state_dict(
+                model,
+                learner.optimizer,
+                options=StateDictOptions(full_state_dict=True, cpu_offload=True),
+            )
+        seconds = 0.0
+        if pub is not None:
+            if bump:
+                last_cid, seconds = pub.publish(version, state)
+            at = TrainerState(step, version)
+            pub.make_durable(last_cid, model, state, opt_state, at, completed=not bump)
+        synced_step = step
+        if save:
+            saved_step = step
+        ray.get(curator.set_version.remote(version))
+        return seconds
 
     while version < c.run.max_versions:
         res = _next_shard(job, curator, control, step, rank)
@@ -158,76 +260,34 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         t0 = time.monotonic()
         metrics = learner.step(shard)
         metrics["step_s"] = time.monotonic() - t0
-        if store is not None:
-            for claim in info.claims:
-                store.log.ack(claim)  # after the optimizer step, never before
+        if pub is not None:
+            pub.hold(step, info.claims)
         step += 1
         metrics.update(step=step, samples=info.num_samples, mean_reward=info.mean_reward)
         if step % c.train.sync_every == 0:
-            version += 1
-            metrics["sync_s"] = _publish(job, model, learner, store, policy, version, step)
-            ray.get(curator.set_version.remote(version))
+            nxt = version + 1
+            save = nxt % c.train.save_every == 0 or nxt >= c.run.max_versions
+            metrics["sync_s"] = sync(bump=True, save=save)
         metrics["version"] = version
         ray.train.report(metrics)
 
+    # Stopped early: what was trained since the last sync or save becomes durable.
+    if step > synced_step:
+        sync(bump=True, save=True)
+    elif step > saved_step:
+        sync(bump=False, save=True)
     if store is not None:
         store.dispose()
 
 
-def _publish(
-    job: TrainJob,
-    model: torch.nn.Module,
-    learner: Learner,
-    store: Store | None,
-    policy: DeploymentHandle | None,
-    version: int,
-    step: int,
-) -> float:
-    """Gather, put once, publish to every replica, record the checkpoint; returns seconds.
-
-    Every rank calls it (the gathers are collectives); only rank 0 holds a store."""
-    c = job.config
-    t0 = time.monotonic()
-    cid = None
-    if store is not None:
-        cid = store.checkpoints.create(job.run_id, version, source="train")
-        store.checkpoints.start(cid)
-    state = full_state_dict(model)  # collective: every rank
-    save = version % c.train.save_every == 0
-    opt_state = None
-    if save:
-        opt_state = get_optimizer_state_dict(
-            model,
-            learner.optimizer,
-            options=StateDictOptions(full_state_dict=True, cpu_offload=True),
-        )
-    if store is None or cid is None or policy is None:
-        return time.monotonic() - t0
-    try:
-        ref = ray.put(pack(state))  # once; the replicas read it zero-copy
-        report = policy.update_weights.remote(version, [ref]).result()
-        path = None
-        if save:
-            out = Path(job.run_dir) / "checkpoints" / f"v{version}"
-            path = str(
-                save_checkpoint(
-                    out, model, state, opt_state, Path(job.model_dir), TrainerState(step, version)
-                )
-            )
-        behind = {r: v for r, v in report.replicas.items() if v < version}
-        if behind:
-            raise RuntimeError(f"replicas still on older versions after the update: {behind}")
-        store.checkpoints.complete(cid, path)
-        del ref
-    except Exception as e:
-        store.checkpoints.fail(cid, f"{type(e).__name__}: {e}")
-        raise
-    return time.monotonic() - t0
-
-
 def resume_point(store: Store, run_id: str) -> tuple[str, TrainerState] | None:
-    """The newest COMPLETED checkpoint with files: (folder, step/version), or None."""
-    for cp in reversed(store.checkpoints.list(run_id)):
+    """Where a resumed trainer starts: the newest COMPLETED checkpoint with files, at its
+    step, but with the version counter at the highest version the run ever published, so
+    versions only go up (a version published after the last durable save is not reused)."""
+    cps = store.checkpoints.list(run_id)
+    for cp in reversed(cps):
         if cp.status == "COMPLETED" and cp.path and Path(cp.path, "trainer_state.json").is_file():
-            return cp.path, read_trainer_state(Path(cp.path))
+            state = read_trainer_state(Path(cp.path))
+            top = max(c.version_num for c in cps)
+            return cp.path, TrainerState(step=state.step, version=top)
     return None

@@ -2,36 +2,39 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 import ray
+import sqlalchemy as sa
 
 from actors.curator import Curator
 from dart_ray.config import load_config
 from dart_ray.records import SAMPLE_SCHEMA
 from dart_ray.store import open_store
-from dart_ray.store.db import RowState
+from dart_ray.store.db import RowState, dataset_usage_events
 from tests.data.test_curator import write_group
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
 
+def setup(tmp_path: Path, *overrides: str):  # type: ignore[no-untyped-def]
+    cfg = load_config(None, [f"run.root_dir={tmp_path}", "curation.group_size=4", *overrides])
+    return cfg, open_store(cfg, init=True)
+
+
 def test_ranks_get_shards_of_one_step_and_ack_consumes(tmp_path: Path) -> None:
-    cfg = load_config(
-        None,
-        [f"run.root_dir={tmp_path}", "curation.group_size=4", "curation.groups_per_step=2"],
-    )
-    store = open_store(cfg, init=True)
+    cfg, store = setup(tmp_path, "curation.groups_per_step=2")
     cur = Curator.remote(cfg, "run-a", 2, 0.05)  # type: ignore[attr-defined]
     # rank 0 asks before anything is logged: it waits, then times out with None
-    assert ray.get(cur.get_shard.remote(0, 0, timeout_s=0.3)) is None
-    pending = cur.get_shard.remote(0, 1, timeout_s=60)  # waits until step 0 exists
+    assert ray.get(cur.get_shard.remote(1, 0, 0, timeout_s=0.3)) is None
+    pending = cur.get_shard.remote(1, 0, 1, timeout_s=60)  # waits until step 0 exists
     write_group(store.log, store.blobs, "a", 0, [1.0, 0.0, 0.0, 0.0])
     write_group(store.log, store.blobs, "b", 0, [1.0, 1.0, 0.0, 0.0])
     shard1, info1 = ray.get(pending)
-    shard0, info0 = ray.get(cur.get_shard.remote(0, 0, timeout_s=60))
+    shard0, info0 = ray.get(cur.get_shard.remote(1, 0, 0, timeout_s=60))
     assert info0 == info1 and info0.num_groups == 2 and info0.num_rows == 8
     assert shard0.schema.equals(SAMPLE_SCHEMA) and isinstance(shard1, pa.RecordBatch)
     assert shard0.num_rows + shard1.num_rows == info0.num_samples == 16
@@ -39,7 +42,7 @@ def test_ranks_get_shards_of_one_step_and_ack_consumes(tmp_path: Path) -> None:
     ids1 = set(shard1.column("trajectory_id").to_pylist())
     assert ids0 | ids1 == {f"{g}#0/{i}" for g in "ab" for i in range(4)}
     assert store.log.buffer("run-a") == {(0, RowState.CLAIMED): 8}  # not yet trained
-    assert ray.get(cur.ack_step.remote(0)) == 8
+    assert ray.get(cur.ack_step.remote(1, 0)) == 8
     assert store.log.buffer("run-a") == {(0, RowState.CONSUMED): 8}
     m = ray.get(cur.metrics.remote())
     assert m["steps_acked"] == 1 and m["rows_trained"] == 8
@@ -48,21 +51,36 @@ def test_ranks_get_shards_of_one_step_and_ack_consumes(tmp_path: Path) -> None:
     store.dispose()
 
 
-def test_killed_curator_restarts_and_rows_come_back(tmp_path: Path) -> None:
-    cfg = load_config(
-        None,
-        [
-            f"run.root_dir={tmp_path}",
-            "curation.group_size=4",
-            "curation.groups_per_step=1",
-            "curation.lease_s=1",
-        ],
-    )
-    store = open_store(cfg, init=True)
+def test_a_new_trainer_session_gets_the_old_sessions_unacked_rows(tmp_path: Path) -> None:
+    cfg, store = setup(tmp_path, "curation.groups_per_step=1")
+    write_group(store.log, store.blobs, "a", 0, [1.0, 0.0, 0.0, 0.0])
+    cur = Curator.remote(cfg, "run-a", 1, 0.05)  # type: ignore[attr-defined]
+    _, old = ray.get(cur.get_shard.remote(10, 0, 0, timeout_s=60))
+    # the trainer of session 10 dies before acknowledging; session 11 starts over at step 0
+    shard, new = ray.get(cur.get_shard.remote(11, 0, 0, timeout_s=60))
+    assert shard.num_rows == 8 and new.num_rows == 4
+    assert {c.claim_id for c in new.claims}.isdisjoint({c.claim_id for c in old.claims})
+    with pytest.raises(ray.exceptions.RayTaskError, match="superseded"):
+        ray.get(cur.get_shard.remote(10, 1, 0, timeout_s=1))  # the old session is refused
+    for c in new.claims:
+        store.log.ack(c)
+    ray.get(cur.forget_steps.remote(11, [0]))
+    ev = dataset_usage_events.c
+    with store.engine.connect() as c:
+        kinds = Counter(c.scalars(sa.select(ev.event_type)))
+    # each of the 4 rows: inserted, claimed twice, released once, acknowledged once
+    assert kinds == Counter({"INSERT": 4, "CLAIM": 8, "RELEASE": 4, "ACK": 4})
+    assert ray.get(cur.metrics.remote())["released_rows"] == 4
+    ray.kill(cur)
+    store.dispose()
+
+
+def test_killed_curator_restarts_and_nothing_is_handed_out_twice(tmp_path: Path) -> None:
+    cfg, store = setup(tmp_path, "curation.groups_per_step=1", "curation.lease_s=1")
     write_group(store.log, store.blobs, "a", 0, [1.0, 0.0, 0.0, 0.0])
     cur = Curator.remote(cfg, "run-a", 1, 0.05)  # type: ignore[attr-defined]
     write_group(store.log, store.blobs, "b", 0, [1.0, 0.0, 0.0, 0.0])
-    shard, first = ray.get(cur.get_shard.remote(0, 0, timeout_s=60))
+    shard, first = ray.get(cur.get_shard.remote(1, 0, 0, timeout_s=60))
     assert shard.num_rows == 8
     ray.kill(cur, no_restart=False)  # the actor restarts (max_restarts=-1) with empty state
     # Step 0 is still being trained; the trainer acks it straight into the log, which works
@@ -71,10 +89,10 @@ def test_killed_curator_restarts_and_rows_come_back(tmp_path: Path) -> None:
         store.log.ack(claim)
     # The restarted curator hands out the other group (the first is consumed), and after the
     # 1 s lease it also finds the rows its previous life held but never handed out.
-    shard, second = ray.get(cur.get_shard.remote(1, 0, timeout_s=60))
+    shard, second = ray.get(cur.get_shard.remote(1, 1, 0, timeout_s=60))
     assert {c.claim_id for c in second.claims}.isdisjoint({c.claim_id for c in first.claims})
-    assert ray.get(cur.ack_step.remote(1)) == 4
-    assert ray.get(cur.ack_step.remote(0)) == 0  # unknown to the new life: nothing acked twice
+    assert ray.get(cur.ack_step.remote(1, 1)) == 4
+    assert ray.get(cur.ack_step.remote(1, 0)) == 0  # unknown to the new life: nothing acked twice
     assert store.log.buffer("run-a") == {(0, RowState.CONSUMED): 8}
     ray.kill(cur)
     store.dispose()

@@ -1,0 +1,110 @@
+"""A 2-worker FSDP2 run on CPU through Ray Train: versions reach the policy server, the
+generations change, rows are acknowledged once, and a resumed trainer keeps counting up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import ray
+from ray.train import RunConfig, ScalingConfig
+from ray.train.torch import TorchConfig, TorchTrainer
+
+from actors.control import RunControl
+from actors.curator import Curator
+from dart_ray.config import Config, load_config
+from dart_ray.engines.base import SamplingParams
+from dart_ray.engines.hf import HFEngine
+from dart_ray.store import open_store
+from dart_ray.store.db import RowState
+from dart_ray.train.checkpointing import TrainerState
+from dart_ray.train.worker import TrainJob, resume_point, train_loop_per_worker
+from serve_apps.policy import run_policy
+from tests.policy_helpers import png, request
+from tests.train.rollouts import log_group, policy_trajectories
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_local")]
+NS = "dart-ray-tests"
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8)
+
+
+def fit(cfg: Config, job: TrainJob, tmp: Path, name: str) -> None:
+    TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"job": job},
+        scaling_config=ScalingConfig(
+            num_workers=cfg.train.num_workers,
+            resources_per_worker={"CPU": cfg.train.cpus_per_worker},
+        ),
+        torch_config=TorchConfig(backend="gloo"),
+        run_config=RunConfig(storage_path=str(tmp / "ray_train"), name=name),
+    ).fit()
+
+
+def test_fsdp_trainer_publishes_versions_and_resumes(tiny_model_dir: Path, tmp_path: Path) -> None:
+    overrides = [
+        f"run.root_dir={tmp_path}",
+        "run.max_versions=3",
+        "train.num_workers=2",
+        "train.cpus_per_worker=0.4",
+        "train.lr=3e-3",
+        "train.save_every=2",
+        "curation.group_size=4",
+        "curation.groups_per_step=1",
+        "policy.num_cpus=0.3",
+        "policy.http_port=8123",
+    ]
+    cfg = load_config(None, overrides)
+    store = open_store(cfg, init=True)
+    engine = HFEngine(tiny_model_dir)
+    for k in range(4):
+        log_group(store, policy_trajectories(engine, "run-t", f"t{k}", 0, [1.0, 0.0, 0.0, 1.0]))
+    handle = run_policy(cfg.policy, tiny_model_dir, name="policy-train", route_prefix="/train")
+    probe = request("click the red square", (png((200, 30, 30), box=20),), GREEDY)
+    before = handle.generate.remote(probe).result()
+    # keep the handles: a named actor without a live handle is collected
+    curator = Curator.options(name="curator-t", namespace=NS).remote(cfg, "run-t", 2, 0.1)
+    control = RunControl.options(name="control-t", namespace=NS).remote()
+    job = TrainJob(
+        config=cfg,
+        run_id="run-t",
+        model_dir=str(tiny_model_dir),
+        run_dir=str(tmp_path),
+        curator="curator-t",
+        policy_app="policy-train",
+        control="control-t",
+        namespace=NS,
+    )
+    fit(cfg, job, tmp_path, "first")
+
+    after = handle.generate.remote(probe).result()
+    assert (before.weight_version, after.weight_version) == (0, 3)
+    assert after.response_ids != before.response_ids  # the weights moved
+    assert handle.health.remote().result()["version"] == 3
+    cps = store.checkpoints.list("run-t")
+    assert [(c.version_num, c.status) for c in cps] == [
+        (1, "COMPLETED"),
+        (2, "COMPLETED"),
+        (3, "COMPLETED"),
+    ]
+    # save_every=2, and the last version is always made durable: files for v2 and v3
+    assert [bool(c.path) for c in cps] == [False, True, True]
+    assert Path(cps[1].path or "", "model.safetensors").is_file()
+    # rows are acknowledged once their weights are durable: 3 steps x 4 rows, once each
+    assert store.log.buffer("run-t") == {(0, RowState.CONSUMED): 12, (0, RowState.CLAIMED): 4}
+
+    # Resume from the durable checkpoint: it continues at step 3 and version 4.
+    path, start = resume_point(store, "run-t")
+    assert (Path(path).name, start) == ("v3", TrainerState(step=3, version=3))
+    cfg2 = load_config(None, [*overrides[1:], f"run.root_dir={tmp_path}", "run.max_versions=4"])
+    job2 = TrainJob(**{**job.__dict__, "config": cfg2, "model_dir": path, "start": start})
+    fit(cfg2, job2, tmp_path, "resumed")
+    assert handle.health.remote().result()["version"] == 4
+    assert [c.version_num for c in store.checkpoints.list("run-t")] == [1, 2, 3, 4]
+    assert store.log.buffer("run-t") == {(0, RowState.CONSUMED): 16}
+    for actor in (curator, control):
+        ray.kill(actor)
+    from ray import serve
+
+    serve.delete("policy-train")
+    store.dispose()
