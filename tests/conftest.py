@@ -71,3 +71,20 @@ def engine(db_url: str) -> Iterator[Engine]:
 @pytest.fixture
 def log(engine: Engine) -> DurableLog:
     return DurableLog(engine, success_threshold=1.0)
+
+
+@pytest.fixture(scope="session")
+def ray_local() -> Iterator[None]:
+    """One local Ray for the whole test session: 2 CPUs and 8 units of the `env` resource
+    (what EnvSession actors request), no dashboard. Tests share it; none may shut it down."""
+    import ray
+
+    ray.init(
+        num_cpus=2,
+        resources={"env": 8},
+        include_dashboard=False,
+        log_to_driver=False,
+        namespace="dart-ray-tests",
+    )
+    yield
+    ray.shutdown()

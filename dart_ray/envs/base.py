@@ -47,6 +47,21 @@ class EnvInputError(EnvError, ValueError):
     """A task or an action the environment cannot accept; the environment stays usable."""
 
 
+class EnvAborted(EnvError):
+    """The episode in progress is lost to an environment failure (raised by EnvSession).
+
+    Record the trajectory as `Status.ABORTED` and retry the task on a fresh session; never
+    score it. `detail` holds the tail of the underlying traceback, when there was one.
+    """
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.detail))
+
+
 @dataclass(frozen=True, slots=True)
 class StepResult:
     """What one step returns: the next observation, whether the episode ended, and details."""
@@ -172,17 +187,17 @@ def resolve(kind: str) -> type[Env]:
     path = _REGISTRY.get(kind, kind)
     module_name, sep, attr = path.partition(":")
     if not sep or not attr:
-        raise ValueError(
+        raise EnvInputError(
             f"unknown environment kind {kind!r}: not one of {sorted(_REGISTRY)} "
             "and not an import path 'pkg.module:Class'"
         )
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise ValueError(f"environment kind {kind!r}: cannot import {module_name} ({e})") from e
+        raise EnvInputError(f"environment kind {kind!r}: cannot import {module_name} ({e})") from e
     cls = getattr(module, attr, None)
     if not (isinstance(cls, type) and issubclass(cls, Env)):
-        raise ValueError(f"environment kind {kind!r}: {path} is not an Env subclass")
+        raise EnvInputError(f"environment kind {kind!r}: {path} is not an Env subclass")
     return cls
 
 
