@@ -34,6 +34,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import psutil
 import ray
 
 from dart_ray.config import EnvConfig
@@ -202,18 +203,62 @@ class EnvSession:
         return EnvAborted(f"{self.name}: {reason}", detail=detail)
 
     def _discard(self, reason: str | None) -> None:
-        """Close the current env from this thread (unblocking a stuck call) and forget it."""
+        """Close the current env and forget it, killing its processes if close hangs.
+
+        A stuck call may hold the env (a frozen browser); closing it is what unblocks that
+        thread, and a close that itself hangs past `CLOSE_TIMEOUT_S` ends in SIGKILL of every
+        process the env started, with their children."""
         env, self._env = self._env, None
         if env is None:
             return
-        try:
-            env.close()
-        except Exception as e:  # closing a broken env may fail too; it is being dropped anyway
-            self._last_error = f"{reason}; close failed: {type(e).__name__}: {e}"
+        pids = _process_trees(env.processes())
+        errors: list[str] = []
+
+        def _close() -> None:
+            try:
+                env.close()
+            except Exception as e:  # a broken env may fail to close; it is dropped anyway
+                errors.append(f"{type(e).__name__}: {e}")
+
+        closer = threading.Thread(target=_close, name=f"{self.name}-close", daemon=True)
+        closer.start()
+        closer.join(CLOSE_TIMEOUT_S)
+        if closer.is_alive():
+            errors.append(f"close hung for {CLOSE_TIMEOUT_S:g}s; killed {len(pids)} processes")
+        if closer.is_alive() or reason is not None:
+            _kill(pids)  # after a failure, leave no stray browser or X app behind
+        if errors:
+            self._last_error = f"{reason}; close: {'; '.join(errors)}"
         if reason is not None:
             # a thread may still be stuck in the old env: give later calls a fresh thread
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.name}-env")
+
+    def processes(self) -> list[int]:
+        """PIDs of the env's processes and their descendants (for memory accounting)."""
+        return _process_trees(self._env.processes()) if self._env is not None else []
+
+
+CLOSE_TIMEOUT_S = 10.0
+
+
+def _process_trees(roots: list[int]) -> list[int]:
+    out: list[int] = []
+    for pid in roots:
+        try:
+            p = psutil.Process(pid)
+            out += [pid, *(c.pid for c in p.children(recursive=True))]
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            psutil.Process(pid).kill()
+        except psutil.NoSuchProcess:
+            continue
 
 
 class _Metrics:

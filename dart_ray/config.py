@@ -77,6 +77,9 @@ class MiniWobOptions(_Section):
     chromium-headless-shell, google-chrome on PATH."""
     chromedriver: Path | None = None
     """chromedriver binary; unset: $MINIWOB_CHROMEDRIVER, else chromedriver on PATH."""
+    scale: float = Field(default=1.0, gt=0)
+    """Screenshot scale: MiniWoB's task area is 160x210 px; 2.0 shows the policy 320x420 (and
+    its click points are divided by 2 on the way back to the page)."""
 
 
 class DesktopOptions(_Section):

@@ -154,6 +154,10 @@ class Env(ABC):
         """Cheap liveness probe (a browser still there, a server answering)."""
         return True
 
+    def processes(self) -> list[int]:
+        """PIDs of the processes this env started (their trees count as its memory)."""
+        return []
+
     def __enter__(self) -> Env:
         return self
 
