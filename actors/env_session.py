@@ -243,14 +243,14 @@ CLOSE_TIMEOUT_S = 10.0
 
 
 def _process_trees(roots: list[int]) -> list[int]:
-    out: list[int] = []
+    out: dict[int, None] = {}  # ordered and without repeats: roots may overlap
     for pid in roots:
         try:
             p = psutil.Process(pid)
-            out += [pid, *(c.pid for c in p.children(recursive=True))]
+            out |= dict.fromkeys([pid, *(c.pid for c in p.children(recursive=True))])
         except psutil.NoSuchProcess:
             continue
-    return out
+    return list(out)
 
 
 def _kill(pids: list[int]) -> None:

@@ -101,6 +101,8 @@ class DesktopOptions(_Section):
     """Window manager for our local desktop."""
     request_timeout_s: float = Field(default=30.0, gt=0)
     """Seconds one HTTP request to the server may take."""
+    accessibility: bool = True
+    """Put the accessibility tree (`/accessibility`) into every observation."""
     settle_s: float = Field(default=0.3, ge=0)
     """Pause after each action before the screenshot, for the application to redraw."""
 

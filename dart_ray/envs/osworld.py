@@ -234,7 +234,8 @@ class OSWorldEnv(Env):
     def _observe(self, c: OSWorldClient) -> Observation:
         png = c.screenshot()
         w, h = _png_size(png)
-        return Observation(png, w, h)
+        tree = c.accessibility() if self.options.accessibility else None
+        return Observation(png, w, h, accessibility=tree)
 
     def _check_apps(self, c: OSWorldClient) -> None:
         if not self._has_apps_endpoint:
@@ -363,8 +364,8 @@ class LocalDesktopEnv(OSWorldEnv):
             self._remember_tree()
             proc.terminate()  # the server tears its X server and apps down on SIGTERM
             try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:  # a frozen (SIGSTOPped) server never answers
                 proc.kill()
                 proc.wait(5)
         for child in self._tree.values():  # orphans of a dead server, or what it left

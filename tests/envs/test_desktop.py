@@ -217,3 +217,67 @@ def test_a_dead_server_is_a_crash_and_leaves_nothing_behind() -> None:
         [psutil.Process(p) for p in orphans if psutil.pid_exists(p)], timeout=5
     )
     assert not alive
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_session_recovers_from_a_killed_app_and_a_frozen_server() -> None:
+    import os
+    import signal
+
+    import psutil
+    import ray
+
+    from actors.env_session import start_session
+    from dart_ray.envs.base import EnvAborted
+
+    cfg = CFG.model_copy(
+        update={
+            "step_timeout_s": 20.0,
+            "desktop": CFG.desktop.model_copy(update={"request_timeout_s": 4.0}),
+        }
+    )
+    s = start_session(cfg, "desktop-crash")
+    tasks = {t.task_id: t for t in load_desktop_tasks()}
+
+    def solve(task: Task) -> float:
+        obs = ray.get(s.reset.remote(task))
+        latest = {"a11y": obs.accessibility or ""}
+        for a in demo_actions(demo(task.task_id), lambda: latest["a11y"]):
+            latest["a11y"] = ray.get(s.step.remote(a)).observation.accessibility or ""
+        return ray.get(s.evaluate.remote())
+
+    def named(name: str) -> list[int]:
+        out = []
+        for pid in ray.get(s.processes.remote()):
+            try:
+                if psutil.Process(pid).name() == name:
+                    out.append(pid)
+            except psutil.NoSuchProcess:  # a short-lived helper that already finished
+                continue
+        return out
+
+    try:
+        # 1. the editor is killed mid-episode: the next step reports the crash, no reward
+        ray.get(s.reset.remote(tasks["editor-type-save"]))
+        (editor,) = named("mousepad")
+        os.kill(editor, signal.SIGKILL)
+        with pytest.raises(EnvAborted, match="crashed on the desktop: mousepad"):
+            ray.get(s.step.remote(Action(ActionKind.TYPE, text="too late")))
+        # 2. a fresh desktop serves the next episode
+        assert solve(tasks["editor-type-save"]) == 1.0
+        # 3. the server freezes (SIGSTOP): requests time out, the session kills the whole
+        # desktop and starts another
+        frozen = ray.get(s.processes.remote())
+        os.kill(frozen[0], signal.SIGSTOP)
+        with pytest.raises(EnvAborted, match="did not answer"):
+            ray.get(s.step.remote(Action(ActionKind.WAIT)))
+        _, alive = psutil.wait_procs(
+            [psutil.Process(p) for p in frozen if psutil.pid_exists(p)], timeout=10
+        )
+        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+        assert solve(tasks["term-create-file"]) == 1.0
+        st = ray.get(s.stats.remote())
+        assert (st.aborted, st.recreations) == (2, 2)
+    finally:
+        ray.get(s.close.remote())
+        ray.kill(s)
