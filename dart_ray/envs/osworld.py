@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import secrets
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -304,36 +302,15 @@ class LocalDesktopEnv(OSWorldEnv):
         self._remember_tree()
 
     def _start_server(self) -> subprocess.Popen[str]:
-        cmd = [
-            sys.executable,
-            "-m",
-            "dart_ray.envs.desktop.server",
-            "--port",
-            "0",
-            "--width",
-            str(self.config.screen_width),
-            "--height",
-            str(self.config.screen_height),
-            "--window-manager",
+        from dart_ray.envs.desktop.spawn import spawn_server
+
+        proc, url = spawn_server(
+            self.config.screen_width,
+            self.config.screen_height,
             self.options.window_manager,
-            "--token-env",
-            "DART_DESKTOP_TOKEN",
-        ]
-        env = os.environ | {"DART_DESKTOP_TOKEN": self._token}
-        proc = subprocess.Popen(
-            cmd,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            start_new_session=True,
+            self._token,
         )
-        assert proc.stdout is not None
-        line = proc.stdout.readline()  # "listening on http://127.0.0.1:PORT display :N"
-        if not line.startswith("listening on "):
-            proc.kill()
-            raise EnvCrashed(f"desktop server did not start (exit {proc.wait()}): {line!r}")
-        self.client = self._client(line.split()[2])
+        self.client = self._client(url)
         return proc
 
     def reset(self, task: Task) -> Observation:

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import requests
 
@@ -201,7 +202,6 @@ def test_malformed_requests_get_clear_errors(desk: LocalDesktopEnv) -> None:
 
 
 def test_a_dead_server_is_a_crash_and_leaves_nothing_behind() -> None:
-    import psutil
 
     env = LocalDesktopEnv(CFG)
     env.reset(load_desktop_tasks()[0])  # Xvfb, openbox and an xterm are up
@@ -213,9 +213,7 @@ def test_a_dead_server_is_a_crash_and_leaves_nothing_behind() -> None:
         env.reset(load_desktop_tasks()[0])
     assert not env.healthy()
     env.close()
-    _gone, alive = psutil.wait_procs(
-        [psutil.Process(p) for p in orphans if psutil.pid_exists(p)], timeout=5
-    )
+    _gone, alive = psutil.wait_procs(_live(orphans), timeout=5)
     assert not alive
 
 
@@ -224,7 +222,6 @@ def test_session_recovers_from_a_killed_app_and_a_frozen_server() -> None:
     import os
     import signal
 
-    import psutil
     import ray
 
     from actors.env_session import start_session
@@ -271,9 +268,7 @@ def test_session_recovers_from_a_killed_app_and_a_frozen_server() -> None:
         os.kill(frozen[0], signal.SIGSTOP)
         with pytest.raises(EnvAborted, match="did not answer"):
             ray.get(s.step.remote(Action(ActionKind.WAIT)))
-        _, alive = psutil.wait_procs(
-            [psutil.Process(p) for p in frozen if psutil.pid_exists(p)], timeout=10
-        )
+        _, alive = psutil.wait_procs(_live(frozen), timeout=10)
         assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
         assert solve(tasks["term-create-file"]) == 1.0
         st = ray.get(s.stats.remote())
@@ -281,3 +276,44 @@ def test_session_recovers_from_a_killed_app_and_a_frozen_server() -> None:
     finally:
         ray.get(s.close.remote())
         ray.kill(s)
+
+
+def test_emulator_pool_leases_a_fresh_desktop_per_reset(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dart_ray.config import DesktopOptions
+    from dart_ray.envs.desktop.pool import Pool, serve
+    from dart_ray.envs.osworld import OSWorldEnv
+
+    monkeypatch.setenv("DART_TEST_POOL_TOKEN", "pool-secret-for-this-test")
+    pool = Pool("pool-secret-for-this-test", max_emulators=1, width=800, height=600)
+    server = serve(pool)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    opts = DesktopOptions(pool_url=url, token_env="DART_TEST_POOL_TOKEN")
+    env = OSWorldEnv(EnvConfig(kind="osworld", desktop=opts))
+    try:
+        task = next(t for t in load_desktop_tasks() if t.task_id == "term-create-file")
+        assert _solve(env, task) == 1.0  # type: ignore[arg-type]
+        first = env.emulator
+        env.reset(task)  # the old desktop goes back, a new one comes (max 1 at a time)
+        assert env.emulator != first
+        assert [e["emulator_id"] for e in pool.listing()[1]["emulators"]] == [env.emulator]
+        env.close()
+        assert pool.listing()[1]["emulators"] == []
+        bad = OSWorldEnv(EnvConfig(kind="osworld", desktop=DesktopOptions(pool_url=url)))
+        with pytest.raises(EnvInputError, match="refused the bearer token"):
+            bad.reset(task)
+    finally:
+        env.close()
+        pool.close()
+        server.shutdown()
+
+
+def _live(pids: list[int]) -> list[psutil.Process]:
+    """The processes among `pids` that still exist."""
+    out = []
+    for pid in pids:
+        try:
+            out.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    return out
