@@ -95,8 +95,9 @@ class DesktopOptions(_Section):
     """Environment variable holding the bearer token for the server and the pool."""
     token_file: Path | None = None
     """File whose first line is the bearer token (wins over token_env)."""
-    apps: list[str] = ["xterm", "mousepad"]
-    """Applications our local desktop can launch and restarts on reset."""
+    apps: list[str] | None = None
+    """Applications (e.g. `["xterm"]`) started fresh after every reset, before the task's own
+    setup steps; a task's `apps` wins. Unset: what the server was started with (none for ours)."""
     window_manager: str = "openbox"
     """Window manager for our local desktop."""
     request_timeout_s: float = Field(default=30.0, gt=0)

@@ -104,7 +104,7 @@ class OSWorldClient:
 
     def reset(self, apps: list[str] | None) -> bool:
         """Our server's fresh-state reset; False where the server has none (a real VM)."""
-        r = self.request("POST", "/reset", ok404=True, json={"apps": apps} if apps else {})
+        r = self.request("POST", "/reset", ok404=True, json={} if apps is None else {"apps": apps})
         return r.status_code != 404
 
     def crashed_apps(self) -> list[str] | None:
@@ -172,7 +172,7 @@ class OSWorldEnv(Env):
             self.emulator, url = self.pool.start()
             self.client = self._client(url)
         c = self._need_client()
-        c.reset(task.config.get("apps"))
+        c.reset(task.config.get("apps", self.options.apps))
         for i, step in enumerate(steps):
             self._setup_step(c, i, step)
         self.task, self.last_action, self._done = task, None, False

@@ -317,3 +317,20 @@ def _live(pids: list[int]) -> list[psutil.Process]:
         except psutil.NoSuchProcess:
             continue
     return out
+
+
+def test_configured_apps_start_fresh_on_every_reset() -> None:
+    from dart_ray.config import DesktopOptions
+
+    env = LocalDesktopEnv(CFG.model_copy(update={"desktop": DesktopOptions(apps=["xterm"])}))
+    try:
+        empty = Task("empty", "x", "desktop", {"config": [], "evaluator": {"func": "infeasible"}})
+        obs = env.reset(empty)
+        assert 'name="Terminal"' in (obs.accessibility or "")
+        assert env.client is not None
+        first = [a["pid"] for a in env.client.request("GET", "/apps").json()]
+        env.reset(empty)
+        second = [a["pid"] for a in env.client.request("GET", "/apps").json()]
+        assert len(first) == len(second) == 1 and first != second
+    finally:
+        env.close()
