@@ -1,6 +1,7 @@
 # The two commands of the README:
 #   make run    set up (idempotent) and run the main job on the embedded default
-#   make test   set up (idempotent), start MariaDB if needed, lint, and run the tests
+#   make test   set up (idempotent), install the browser/desktop Debian packages and start
+#               MariaDB if needed, lint, and run the tests
 #
 # torch is installed first and pinned to 2.13.0: on machines like ours pip takes the CPU build
 # from local disk, and an unpinned torch would pull a multi-GB CUDA build. Set TORCH_SPEC to
@@ -20,7 +21,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_SPEC)
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,browser,desktop]'
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -32,6 +33,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 
 test: $(STAMP) lint
+	bash scripts/install-test-deps.sh
 	bash scripts/start-mariadb.sh
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 

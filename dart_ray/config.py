@@ -53,6 +53,61 @@ class RunConfig(_Section):
         return v
 
 
+class MiniDeskOptions(_Section):
+    """MiniDesk, the synthetic desktop drawn with PIL (`env.kind = "minidesk"`)."""
+
+    wallpaper: Literal["plain", "position"] = "plain"
+    """`position`: a wallpaper whose red channel rises with x and green with y, shown through
+    the window body, so a tiny model can learn to ground clicks from pixels alone."""
+    placement: Literal["task", "flow", "scatter"] = "task"
+    """Widget placement: `flow` (rows, top to bottom), `scatter` (seeded random positions) or
+    `task` (what each task file says)."""
+    encode_png: bool = False
+    """Encode every screenshot to PNG inside step(). Off: encode lazily on first read."""
+
+
+class MiniWobOptions(_Section):
+    """MiniWoB++ in headless Chromium (`env.kind = "miniwob"`, extra `browser`)."""
+
+    episode_max_time_s: float = Field(default=600.0, gt=0)
+    """MiniWoB's per-episode wall clock (its own default is 10 s, too short for a model
+    policy); the task's reward shrinks with elapsed time over this clock."""
+    chrome_binary: Path | None = None
+    """Chromium binary; unset: $MINIWOB_CHROME_BINARY, else the first of chromium,
+    chromium-headless-shell, google-chrome on PATH."""
+    chromedriver: Path | None = None
+    """chromedriver binary; unset: $MINIWOB_CHROMEDRIVER, else chromedriver on PATH."""
+    scale: float = Field(default=1.0, gt=0)
+    """Screenshot scale: MiniWoB's task area is 160x210 px; 2.0 shows the policy 320x420 (and
+    its click points are divided by 2 on the way back to the page)."""
+
+
+class DesktopOptions(_Section):
+    """A real X desktop behind the OSWorld in-VM protocol (`env.kind = "desktop" | "osworld"`)."""
+
+    server_url: str | None = None
+    """OSWorld-protocol server to talk to (`http://127.0.0.1:5000`); unset with kind
+    `desktop`: start our own server on a private Xvfb display."""
+    pool_url: str | None = None
+    """GUI-Docker-Env emulator pool (`/start_emulator`, `/stop_emulator`); when set, each
+    session asks it for a desktop instead of using server_url."""
+    token_env: str | None = None
+    """Environment variable holding the bearer token for the server and the pool."""
+    token_file: Path | None = None
+    """File whose first line is the bearer token (wins over token_env)."""
+    apps: list[str] | None = None
+    """Applications (e.g. `["xterm"]`) started fresh after every reset, before the task's own
+    setup steps; a task's `apps` wins. Unset: what the server was started with (none for ours)."""
+    window_manager: str = "openbox"
+    """Window manager for our local desktop."""
+    request_timeout_s: float = Field(default=30.0, gt=0)
+    """Seconds one HTTP request to the server may take."""
+    accessibility: bool = True
+    """Put the accessibility tree (`/accessibility`) into every observation."""
+    settle_s: float = Field(default=0.3, ge=0)
+    """Pause after each action before the screenshot, for the application to redraw."""
+
+
 class EnvConfig(_Section):
     kind: str = "minidesk"
     """Environment kind: a registered name or an import path `pkg.mod:Class`."""
@@ -72,6 +127,12 @@ class EnvConfig(_Section):
     """CPUs each EnvSession actor reserves (fractional is fine)."""
     resource: str | None = "env"
     """Custom Ray resource each session requests (1 unit per session); None to not request one."""
+    minidesk: MiniDeskOptions = MiniDeskOptions()
+    """Options of the MiniDesk synthetic environment."""
+    miniwob: MiniWobOptions = MiniWobOptions()
+    """Options of MiniWoB++ in Chromium."""
+    desktop: DesktopOptions = DesktopOptions()
+    """Options of the X desktop reached through the OSWorld protocol."""
 
 
 class PolicyConfig(_Section):

@@ -1,0 +1,6 @@
+"""A real X desktop behind the OSWorld in-VM HTTP protocol, for machines without OSWorld's VMs.
+
+`machine` runs Xvfb, a window manager and Debian applications with a fresh HOME per reset;
+`xwindows` reads the window tree; `server` answers the protocol (`python -m
+dart_ray.envs.desktop.server`); `tasks` is the desktop task suite. The client side (the Env)
+is `dart_ray.envs.osworld`, which talks to this server and to real OSWorld VMs alike."""

@@ -1,0 +1,245 @@
+"""The desktop behind our OSWorld-protocol server: Xvfb, a window manager, Debian apps, a HOME.
+
+OSWorld resets a desktop by reverting a VM snapshot. Here a reset is cheaper and just as clean
+for what our tasks touch: every application is killed, HOME is replaced by a fresh empty
+directory, the window manager is restarted if it died, and the configured start-up apps are
+launched again. The X server itself lives for the whole session (it holds no user state).
+
+Xvfb runs with `-nolisten tcp` and a private MIT-MAGIC-COOKIE in its own auth file, so only
+processes given that file (ours) can connect to the display.
+
+Applications are tracked: the server reports an app that ended by a signal it did not send
+(killed, segfault) as *crashed*, and the client turns that into `EnvCrashed`, so the episode is
+aborted rather than scored on a broken desktop. An app the user closed normally (exit status
+>= 0) is not a crash.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+APPS: dict[str, list[str]] = {
+    # name -> argv; xterm logs its output so /terminal can return what it shows
+    "xterm": ["xterm", "-T", "Terminal", "-geometry", "100x30+40+40", "-l", "-lf", "{log}"],
+    "mousepad": ["mousepad"],
+}
+
+
+class DesktopError(RuntimeError):
+    """The desktop could not do what was asked (an X server that will not start, say)."""
+
+
+@dataclass
+class App:
+    name: str
+    proc: subprocess.Popen[bytes]
+    stopping: bool = False
+
+    @property
+    def crashed(self) -> bool:
+        rc = self.proc.poll()
+        return rc is not None and rc < 0 and not self.stopping
+
+
+@dataclass
+class Machine:
+    """One X display with a window manager and the apps started on it."""
+
+    width: int = 1024
+    height: int = 768
+    window_manager: str = "openbox"
+    startup_apps: list[str] = field(default_factory=list)
+    root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="dart-desktop-")))
+    display: str = ""
+    home: Path = Path()
+    apps: list[App] = field(default_factory=list)
+    _xvfb: subprocess.Popen[bytes] | None = None
+    _wm: subprocess.Popen[bytes] | None = None
+    _resets: int = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        for tool in ("Xvfb", "xauth", self.window_manager):
+            if shutil.which(tool) is None:
+                raise DesktopError(
+                    f"{tool} is not installed (scripts/install-test-deps.sh installs the desktop)"
+                )
+        auth = self.root / "Xauthority"
+        auth.touch(mode=0o600)
+        # the server loads every cookie in its -auth file whatever the display number; the
+        # real number is only known once Xvfb picks it, so the cookie is added again for it
+        cookie = secrets.token_hex(16)
+        _xauth(auth, ":65000", cookie)
+        r, w = os.pipe()
+        self._xvfb = subprocess.Popen(
+            [
+                "Xvfb",
+                "-displayfd",
+                str(w),
+                "-screen",
+                "0",
+                f"{self.width}x{self.height}x24",
+                "-nolisten",
+                "tcp",
+                "-auth",
+                str(auth),
+                "-noreset",
+            ],
+            pass_fds=(w,),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        os.close(w)
+        number = _read_display(r, self._xvfb)
+        self.display = f":{number}"
+        _xauth(auth, self.display, cookie)
+        self.reset()
+
+    def env(self) -> dict[str, str]:
+        """The environment of every process on this desktop."""
+        keep = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ")}
+        return keep | {
+            "DISPLAY": self.display,
+            "XAUTHORITY": str(self.root / "Xauthority"),
+            "HOME": str(self.home),
+            "USER": os.environ.get("USER", "user"),
+            "SHELL": "/bin/bash",
+            "TERM": "xterm",
+            "XDG_CONFIG_HOME": str(self.home / ".config"),
+            "XDG_RUNTIME_DIR": str(self.root / "run"),
+            "GSETTINGS_BACKEND": "memory",  # no dconf/dbus: settings live and die with the app
+            "NO_AT_BRIDGE": "1",
+            "PS1": r"\w$ ",
+        }
+
+    def reset(self) -> None:
+        """Kill every app, fresh HOME, window manager up, start-up apps launched."""
+        self.stop_apps()
+        if self.home != Path() and self.home.exists():
+            shutil.rmtree(self.home, ignore_errors=True)
+        self._resets += 1
+        self.home = self.root / f"home-{self._resets}"
+        for sub in ("Desktop", "Documents", ".config"):
+            (self.home / sub).mkdir(parents=True, exist_ok=True)
+        (self.root / "run").mkdir(mode=0o700, exist_ok=True)
+        (self.home / ".bashrc").write_text("PS1='\\w$ '\n")
+        if self._wm is None or self._wm.poll() is not None:
+            self._wm = self._spawn([self.window_manager, "--sm-disable"])
+        for name in self.startup_apps:
+            self.launch_app(name)
+
+    def close(self) -> None:
+        self.stop_apps()
+        for p in (self._wm, self._xvfb):
+            if p is not None:
+                _terminate(p)
+        self._wm = self._xvfb = None
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    # ------------------------------------------------------------------ processes
+    def _spawn(self, argv: list[str], cwd: Path | None = None) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            argv,
+            cwd=cwd or self.home,
+            env=self.env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def launch(self, argv: list[str], name: str | None = None) -> App:
+        """Start a program on the desktop and track it."""
+        if not argv:
+            raise ValueError("launch needs a command")
+        if shutil.which(argv[0]) is None and not Path(argv[0]).is_file():
+            raise FileNotFoundError(f"no program {argv[0]!r} on this desktop")
+        app = App(name or Path(argv[0]).name, self._spawn(argv))
+        self.apps.append(app)
+        return app
+
+    def launch_app(self, name: str, *args: str) -> App:
+        if name not in APPS:
+            return self.launch([name, *args])
+        argv = [a.replace("{log}", str(self.root / "terminal.log")) for a in APPS[name]]
+        return self.launch([*argv, *args], name)
+
+    def stop_apps(self) -> None:
+        for app in self.apps:
+            app.stopping = True
+            _terminate(app.proc)
+        self.apps = []
+
+    def crashed_apps(self) -> list[App]:
+        return [a for a in self.apps if a.crashed]
+
+    def pids(self) -> list[int]:
+        procs = [self._xvfb, self._wm, *(a.proc for a in self.apps)]
+        return [p.pid for p in procs if p is not None and p.poll() is None]
+
+    def terminal_text(self) -> str | None:
+        """What the xterm printed (its log, without escape sequences), or None."""
+        log = self.root / "terminal.log"
+        if not any(a.name == "xterm" and a.proc.poll() is None for a in self.apps):
+            return None
+        raw = log.read_bytes().decode("utf-8", "replace") if log.exists() else ""
+        return _strip_ansi(raw)
+
+
+def _xauth(path: Path, display: str, cookie: str) -> None:
+    subprocess.run(
+        ["xauth", "-f", str(path), "add", display, ".", cookie], check=True, capture_output=True
+    )
+
+
+def _read_display(fd: int, proc: subprocess.Popen[bytes], timeout: float = 15.0) -> int:
+    deadline = time.monotonic() + timeout
+    buf = b""
+    os.set_blocking(fd, False)
+    try:
+        while time.monotonic() < deadline:
+            try:
+                chunk = os.read(fd, 32)
+            except BlockingIOError:
+                chunk = None
+            if chunk:
+                buf += chunk
+                if buf.endswith(b"\n"):
+                    return int(buf)
+            if proc.poll() is not None:
+                raise DesktopError(f"Xvfb exited with status {proc.returncode}")
+            time.sleep(0.02)
+    finally:
+        os.close(fd)
+    proc.kill()
+    raise DesktopError(f"Xvfb did not report a display within {timeout:g}s")
+
+
+def _terminate(p: subprocess.Popen[bytes], grace: float = 2.0) -> None:
+    """SIGTERM the process group, SIGKILL it after `grace` seconds, reap it."""
+    if p.poll() is not None:
+        return
+    try:
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(5)
+    except ProcessLookupError:
+        p.wait(5)
+
+
+_ANSI = __import__("re").compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07|\r")
+
+
+def _strip_ansi(s: str) -> str:
+    return _ANSI.sub("", s)

@@ -1,0 +1,49 @@
+"""Start our desktop server as a child process and learn where it listens."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from dart_ray.envs.base import EnvCrashed
+
+
+def spawn_server(
+    width: int, height: int, window_manager: str, token: str, host: str = "127.0.0.1"
+) -> tuple[subprocess.Popen[str], str]:
+    """(process, base URL) of a new `dart_ray.envs.desktop.server` with this bearer token.
+
+    The token travels in the child's environment, never on its command line (which any
+    local user can read in `ps`)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "dart_ray.envs.desktop.server",
+        "--host",
+        host,
+        "--port",
+        "0",
+        "--width",
+        str(width),
+        "--height",
+        str(height),
+        "--window-manager",
+        window_manager,
+        "--token-env",
+        "DART_DESKTOP_TOKEN",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        env=os.environ | {"DART_DESKTOP_TOKEN": token},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # "listening on http://127.0.0.1:PORT display :N"
+    if not line.startswith("listening on "):
+        proc.kill()
+        raise EnvCrashed(f"desktop server did not start (exit {proc.wait()}): {line!r}")
+    return proc, line.split()[2]

@@ -1,0 +1,343 @@
+"""MiniWoB++ in a real headless Chromium, behind the dart-ray Env contract (extra `browser`).
+
+Built over the `miniwob` package's gymnasium environment, with three changes it needs here:
+
+- **Offline Chromium.** The package starts Chrome with only `headless`, `no-sandbox` and
+  `disable-gpu`, and without an explicit driver Selenium Manager tries to download one. We
+  subclass its Selenium instance to launch Debian's `chromium` (or `chromium-headless-shell`)
+  through Debian's `chromedriver` with every background-network feature off, and set
+  `SE_OFFLINE=true`, `MINIWOB_CHROME_BINARY`, `MINIWOB_CHROMEDRIVER` for anything else.
+- **A longer episode clock.** MiniWoB scales the reward by elapsed wall time over
+  `core.EPISODE_MAX_TIME` (10 s) and ends idle episodes at -1; a model policy takes seconds per
+  step. The clock is set from `env.miniwob.episode_max_time_s` before every episode.
+- **UI-TARS actions.** Points arrive in pixels of the screenshot we returned (the 160x210 task
+  area, optionally scaled by `env.miniwob.scale`) and map back to the page by that scale.
+
+The trajectory reward is the task's own (JavaScript) reward: in [-1, 1], scaled down by elapsed
+time; an episode the policy leaves unfinished scores -1, as MiniWoB's own timeout does.
+Any Selenium/connection failure is a crashed browser: `EnvCrashed`, and EnvSession rebuilds it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from dart_ray.config import EnvConfig
+from dart_ray.envs.base import Env, EnvCrashed, EnvInputError, FrameObservation, StepResult
+from dart_ray.records import Action, ActionKind, Observation, Task
+
+try:
+    from miniwob.action import ActionTypes
+    from miniwob.environment import MiniWoBEnvironment
+    from miniwob.selenium_instance import SeleniumInstance
+    from selenium import webdriver
+    from selenium.common.exceptions import WebDriverException
+    from selenium.webdriver.chrome.service import Service
+except ImportError as e:  # pragma: no cover - depends on the optional extra
+    raise ImportError(
+        f"MiniWoB++ needs the `browser` extra: pip install 'dart-ray[browser]' ({e})"
+    ) from e
+
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-dev-shm-usage",
+    "--disable-extensions",
+    "--window-size=640,640",  # new headless gives ~140 px less inner height
+)
+HTML_DIR = Path(__import__("miniwob").__file__).parent / "html" / "miniwob"
+KEYS = {
+    "enter": "<Enter>",
+    "return": "<Enter>",
+    "backspace": "<Backspace>",
+    "delete": "<Delete>",
+    "tab": "<Tab>",
+    "space": "<Space>",
+    "up": "<ArrowUp>",
+    "down": "<ArrowDown>",
+    "left": "<ArrowLeft>",
+    "right": "<ArrowRight>",
+    "arrowup": "<ArrowUp>",
+    "arrowdown": "<ArrowDown>",
+    "arrowleft": "<ArrowLeft>",
+    "arrowright": "<ArrowRight>",
+    "pageup": "<PageUp>",
+    "pagedown": "<PageDown>",
+    "ctrl a": "C-a",
+    "ctrl c": "C-c",
+    "ctrl x": "C-x",
+    "ctrl v": "C-v",
+}
+# Selenium and urllib3 raise these when the browser or chromedriver is gone
+_BROWSER_GONE = (WebDriverException, ConnectionError, OSError)
+
+
+def find_browser(config: EnvConfig) -> tuple[str, str]:
+    """Chromium binary and chromedriver: config, then $MINIWOB_*, then PATH."""
+    opts = config.miniwob
+    binary = str(opts.chrome_binary or os.environ.get("MINIWOB_CHROME_BINARY") or "") or next(
+        (
+            p
+            for n in ("chromium", "chromium-headless-shell", "google-chrome")
+            if (p := shutil.which(n))
+        ),
+        "",
+    )
+    driver = str(opts.chromedriver or os.environ.get("MINIWOB_CHROMEDRIVER") or "") or (
+        shutil.which("chromedriver") or ""
+    )
+    missing = [n for n, p in (("Chromium", binary), ("chromedriver", driver)) if not p]
+    if missing:
+        raise EnvInputError(
+            f"MiniWoB++ needs {' and '.join(missing)}: install Debian's chromium and "
+            "chromium-driver (scripts/install-test-deps.sh does) or set env.miniwob.chrome_binary"
+            " / env.miniwob.chromedriver"
+        )
+    return binary, driver
+
+
+class _OfflineInstance(SeleniumInstance):
+    """The package's Selenium instance, launching an offline Chromium with a long clock."""
+
+    binary = ""
+    chromedriver = ""
+    episode_max_ms = 10_000
+
+    def create_driver(self) -> None:
+        options = webdriver.ChromeOptions()
+        for flag in CHROMIUM_FLAGS:
+            options.add_argument(flag)
+        options.binary_location = self.binary
+        service = Service(executable_path=self.chromedriver, log_output=os.devnull)
+        self.driver = webdriver.Chrome(service=service, options=options)
+        self.driver.set_page_load_timeout(20)
+        self.driver.get(self.url)
+        self.driver.find_element("id", self.SYNC_SCREEN_ID)
+        self.inner_width, self.inner_height = self.driver.execute_script(
+            "return [window.innerWidth, window.innerHeight];"
+        )
+
+    def begin_task(self, seed: Any = None) -> None:
+        self.driver.execute_script(f"core.EPISODE_MAX_TIME = {int(self.episode_max_ms)};")
+        super().begin_task(seed=seed)
+
+
+class _Gym(MiniWoBEnvironment):
+    instance_cls: type[SeleniumInstance] = _OfflineInstance
+
+    def _hard_reset_instance(self) -> None:
+        if getattr(self, "instance", None):
+            self.instance.close()
+        self.instance = self.instance_cls(index=0, **self.instance_kwargs)
+        self.instance.start()
+        self.instance.wait()
+
+
+class MiniWobEnv(Env):
+    """One MiniWoB++ browser; a task names its page (`subdomain`) and seed in `config`."""
+
+    def __init__(self, config: EnvConfig | None = None) -> None:
+        self.config = config or EnvConfig()
+        self.options = self.config.miniwob
+        binary, driver = find_browser(self.config)
+        os.environ.setdefault("SE_OFFLINE", "true")
+        os.environ.setdefault("MINIWOB_CHROME_BINARY", binary)
+        os.environ.setdefault("MINIWOB_CHROMEDRIVER", driver)
+        self._instance_cls = type(
+            "_Instance",
+            (_OfflineInstance,),
+            {
+                "binary": binary,
+                "chromedriver": driver,
+                "episode_max_ms": self.options.episode_max_time_s * 1000,
+            },
+        )
+        self._gym: _Gym | None = None
+        self._subdomain: str | None = None
+        self._done = False
+        self._reward = -1.0
+
+    # ------------------------------------------------------------------ contract
+    def reset(self, task: Task) -> Observation:
+        sub = task.config.get("subdomain")
+        if not isinstance(sub, str) or not (HTML_DIR / f"{sub}.html").is_file():
+            raise EnvInputError(f"task {task.task_id}: no MiniWoB++ task named {sub!r}")
+        seed = task.config.get("seed")
+        try:
+            if self._gym is None or sub != self._subdomain:
+                self.close()
+                self._gym = self._make(sub)
+                self._subdomain = sub
+            obs, _ = self._gym.reset(seed=seed)
+        except _BROWSER_GONE as e:
+            raise EnvCrashed(f"browser failed on reset: {type(e).__name__}: {e}") from e
+        self._done, self._reward = False, -1.0
+        return self._observation(obs)
+
+    def _make(self, subdomain: str) -> _Gym:
+        gym_cls = type("_G", (_Gym,), {"instance_cls": self._instance_cls})
+        return gym_cls(subdomain=subdomain, render_mode=None)
+
+    def step(self, action: Action) -> StepResult:
+        g = self._need_gym()
+        if self._done:
+            return StepResult(self._blank(), True, {"event": "episode_over"})
+        if action.kind in (ActionKind.FINISHED, ActionKind.CALL_USER):
+            self._done = True
+            return StepResult(self._blank(), True, {"event": "finished"})
+        try:
+            obs, reward, done, info = None, 0.0, False, {}
+            for mw in self._translate(g, action):
+                obs, reward, done, _, info = g.step(mw)
+                if done:
+                    break
+        except _BROWSER_GONE as e:
+            if not self.healthy():
+                raise EnvCrashed(f"browser failed on step: {type(e).__name__}: {e}") from e
+            # the browser is fine: the action itself was impossible (a point off the page)
+            msg = str(e).split("\n", 1)[0]
+            return StepResult(self._screenshot(g), False, {"event": "error", "error": msg})
+        if obs is None:  # nothing to do in the page (wait, unsupported key)
+            return StepResult(self._screenshot(g), False, {"event": "nothing"})
+        if done:
+            self._done, self._reward = True, float(reward)
+        out = {
+            "event": "done" if done else "acted",
+            "reward": float(reward),
+            "raw_reward": float(info.get("raw_reward") or 0.0),
+        }
+        return StepResult(self._observation(obs), bool(done), out)
+
+    def evaluate(self) -> float:
+        self._need_gym()
+        return self._reward if self._done else -1.0
+
+    def healthy(self) -> bool:
+        if self._gym is None:
+            return True
+        try:
+            return self._gym.instance.driver.execute_script("return 1;") == 1
+        except _BROWSER_GONE:
+            return False
+
+    def processes(self) -> list[int]:
+        if self._gym is None:
+            return []
+        proc = self._gym.instance.driver.service.process
+        return [proc.pid] if proc is not None else []
+
+    def close(self) -> None:
+        g, self._gym = self._gym, None
+        if g is None:
+            return
+        try:
+            g.instance.driver.quit()
+        except _BROWSER_GONE:
+            proc = g.instance.driver.service.process  # chromedriver; its Chromium follows
+            if proc is not None:
+                proc.kill()
+
+    # ------------------------------------------------------------------ translation
+    def _need_gym(self) -> _Gym:
+        if self._gym is None:
+            raise EnvInputError("MiniWoB++ has no task: call reset(task) first")
+        return self._gym
+
+    def _page(self, p: tuple[float, float] | None, kind: ActionKind) -> np.ndarray:
+        if p is None:
+            raise EnvInputError(f"{kind.value} action needs a point")
+        s = self.options.scale
+        return np.array([p[0] / s, p[1] / s], dtype=np.float32)
+
+    def _translate(self, g: _Gym, a: Action) -> list[dict[str, Any]]:
+        """UI-TARS action -> MiniWoB actions (a drag is press, move, release)."""
+        k, mk = a.kind, g.create_action
+        if k == ActionKind.CLICK:
+            return [mk(ActionTypes.CLICK_COORDS, coords=self._page(a.point, k))]
+        if k == ActionKind.LEFT_DOUBLE:
+            return [mk(ActionTypes.DBLCLICK_COORDS, coords=self._page(a.point, k))]
+        if k == ActionKind.DRAG:
+            start, end = self._page(a.point, k), self._page(a.end_point, k)
+            return [
+                mk(ActionTypes.MOUSEDOWN_COORDS, coords=start),
+                mk(ActionTypes.MOVE_COORDS, coords=(start + end) / 2),
+                mk(ActionTypes.MOUSEUP_COORDS, coords=end),
+            ]
+        if k == ActionKind.SCROLL:
+            kind = (
+                ActionTypes.SCROLL_UP_COORDS
+                if a.direction == "up"
+                else ActionTypes.SCROLL_DOWN_COORDS
+            )
+            return [mk(kind, coords=self._page(a.point, k))]
+        if k == ActionKind.TYPE:
+            text = a.text or ""
+            line, newline, _ = text.partition("\n")
+            out = [mk(ActionTypes.TYPE_TEXT, text=line)] if line else []
+            return out + (self._key(g, "enter") if newline else [])
+        if k == ActionKind.HOTKEY:
+            return self._key(g, a.text or "")
+        return []  # right click (no context menus in MiniWoB), wait, invalid: nothing
+
+    def _key(self, g: _Gym, keys: str) -> list[dict[str, Any]]:
+        name = KEYS.get(" ".join(keys.lower().replace("+", " ").split()))
+        allowed = g.action_space_config.allowed_keys
+        if name is None or name not in allowed:
+            return []
+        return [g.create_action(ActionTypes.PRESS_KEY, key=allowed.index(name))]
+
+    # ------------------------------------------------------------------ observations
+    def _observation(self, obs: dict[str, Any]) -> Observation:
+        img = Image.fromarray(np.asarray(obs["screenshot"], dtype=np.uint8), "RGB")
+        return self._wrap(img, str(obs.get("utterance", "")), self._dom(obs))
+
+    def _dom(self, obs: dict[str, Any]) -> str:
+        """The page's elements as JSON, in screenshot pixels: MiniWoB's accessibility tree."""
+        s = self.options.scale
+        elements = [
+            {
+                "ref": int(e["ref"]),
+                "parent": int(e["parent"]),
+                "tag": e["tag"],
+                "text": e["text"],
+                "value": e["value"],
+                "id": e["id"],
+                "classes": e["classes"],
+                "left": float(e["left"][0]) * s,
+                "top": float(e["top"][0]) * s,
+                "width": float(e["width"][0]) * s,
+                "height": float(e["height"][0]) * s,
+                "focused": bool(e["flags"][0]),
+            }
+            for e in obs.get("dom_elements", ())
+        ]
+        return json.dumps({"fields": dict(obs.get("fields", ())), "elements": elements})
+
+    def _wrap(self, img: Image.Image, text: str, dom: str | None = None) -> Observation:
+        s = self.options.scale
+        if s != 1:
+            img = img.resize((round(img.width * s), round(img.height * s)), Image.NEAREST)
+        return FrameObservation(img, text=text, accessibility=dom)
+
+    def _screenshot(self, g: _Gym) -> Observation:
+        try:
+            obs, _ = g.instance.get_observation(use_cached_fields=True)
+        except _BROWSER_GONE as e:
+            raise EnvCrashed(f"browser failed on screenshot: {type(e).__name__}: {e}") from e
+        return self._observation(obs)
+
+    def _blank(self) -> Observation:
+        return self._wrap(Image.new("RGB", (160, 210), (255, 255, 255)), "")

@@ -1,0 +1,357 @@
+"""A client of the OSWorld in-VM server protocol, and the Env that drives a desktop through it.
+
+Three ways to get a desktop, one Env:
+
+- `env.desktop.server_url`: an OSWorld VM (or any server speaking its protocol) already up.
+- `env.desktop.pool_url`: a GUI-Docker-Env-style emulator pool. Each reset stops the previous
+  emulator and asks for a fresh one (`/start_emulator`, `/stop_emulator`, bearer token), which
+  is how a VM is reset to its snapshot.
+- `env.kind = "desktop"` (`LocalDesktopEnv`): our own server (`dart_ray.envs.desktop.server`)
+  on a private Xvfb display, started by the env itself with a random bearer token.
+
+A task's `config` follows OSWorld's task files: `config` is a list of setup steps (`launch`,
+`execute`/`command`, `open`, `sleep`, `activate_window`, `close_window`, `upload_file`,
+`download`) and `evaluator` is getter/metric pairs (`dart_ray.envs.osworld_eval`). Actions
+become pyautogui code (`dart_ray.envs.pyautogui_code`, where model strings are only ever
+quoted); WAIT sleeps, DONE ends the episode, FAIL (UI-TARS `call_user`) ends it declaring the
+task infeasible.
+
+A server that does not answer, answers 5xx, or reports a crashed application raises
+`EnvCrashed`: EnvSession then rebuilds the env and the episode is ABORTED, not scored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import requests
+
+from dart_ray.config import EnvConfig, read_secret
+from dart_ray.envs import osworld_eval
+from dart_ray.envs.base import Env, EnvCrashed, EnvInputError, StepResult
+from dart_ray.envs.pyautogui_code import DONE, FAIL, WAIT, UnsafeAction, to_code
+from dart_ray.records import Action, Observation, Task
+
+
+class OSWorldClient:
+    """HTTP client of one OSWorld-protocol server. Transport failures raise EnvCrashed."""
+
+    def __init__(self, base_url: str, token: str | None = None, timeout: float = 30.0) -> None:
+        self.base = base_url.rstrip("/")
+        self.timeout = timeout
+        self.http = requests.Session()
+        if token:
+            self.http.headers["Authorization"] = f"Bearer {token}"
+
+    def request(self, method: str, path: str, ok404: bool = False, **kw: Any) -> requests.Response:
+        try:
+            r = self.http.request(method, self.base + path, timeout=self.timeout, **kw)
+        except requests.RequestException as e:
+            raise EnvCrashed(f"desktop server {self.base} did not answer {path}: {e}") from e
+        if r.status_code >= 500:
+            raise EnvCrashed(f"desktop server failed on {path}: {r.status_code} {r.text[:200]}")
+        if r.status_code == 401:
+            raise EnvInputError(f"desktop server {self.base} refused the bearer token")
+        if r.status_code == 404 and ok404:
+            return r
+        if r.status_code >= 400:
+            raise EnvInputError(f"desktop server refused {path}: {r.status_code} {r.text[:200]}")
+        return r
+
+    def screenshot(self) -> bytes:
+        return self.request("GET", "/screenshot").content
+
+    def accessibility(self) -> str:
+        return str(self.request("GET", "/accessibility").json()["AT"])
+
+    def terminal(self) -> str | None:
+        return self.request("GET", "/terminal").json().get("output")
+
+    def screen_size(self) -> tuple[int, int]:
+        d = self.request("POST", "/screen_size", json={}).json()
+        return int(d["width"]), int(d["height"])
+
+    def execute(self, command: list[str] | str, shell: bool = False) -> dict[str, Any]:
+        return dict(
+            self.request("POST", "/execute", json={"command": command, "shell": shell}).json()
+        )
+
+    def file(self, path: str) -> bytes | None:
+        r = self.request("POST", "/file", ok404=True, json={"file_path": path})
+        return None if r.status_code == 404 else r.content
+
+    def list_directory(self, path: str) -> dict[str, Any] | None:
+        r = self.request("POST", "/list_directory", ok404=True, json={"path": path})
+        return None if r.status_code == 404 else r.json()["directory_tree"]
+
+    def setup(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
+        return dict(self.request("POST", f"/setup/{endpoint}", json=body).json())
+
+    def upload(self, path: str, data: bytes) -> None:
+        self.request(
+            "POST",
+            "/setup/upload",
+            data={"file_path": path},
+            files={"file_data": (Path(path).name, data)},
+        )
+
+    def reset(self, apps: list[str] | None) -> bool:
+        """Our server's fresh-state reset; False where the server has none (a real VM)."""
+        r = self.request("POST", "/reset", ok404=True, json={} if apps is None else {"apps": apps})
+        return r.status_code != 404
+
+    def crashed_apps(self) -> list[str] | None:
+        r = self.request("GET", "/apps", ok404=True)
+        return None if r.status_code == 404 else [a["name"] for a in r.json() if a["crashed"]]
+
+
+class EmulatorPool:
+    """Client of a GUI-Docker-Env-style pool: one emulator (a desktop) per lease.
+
+    `/start_emulator` answers JSON with the emulator's id (`emulator_id` or `id`) and where its
+    OSWorld server listens (`server_url`/`url`, or `ip`/`host` plus `port`/`server_port`)."""
+
+    def __init__(self, url: str, token: str | None, timeout: float = 300.0) -> None:
+        self.client = OSWorldClient(url, token, timeout)
+
+    def start(self) -> tuple[str, str]:
+        d = self.client.request("POST", "/start_emulator", json={}).json()
+        eid = str(d.get("emulator_id", d.get("id", "")))
+        url = d.get("server_url") or d.get("url")
+        if not url and (host := d.get("ip") or d.get("host")):
+            url = f"http://{host}:{d.get('server_port', d.get('port', 5000))}"
+        if not eid or not url:
+            raise EnvCrashed(f"emulator pool answered without an id and address: {d}")
+        return eid, str(url)
+
+    def stop(self, emulator_id: str) -> None:
+        self.client.request("POST", "/stop_emulator", json={"emulator_id": emulator_id})
+
+
+class OSWorldEnv(Env):
+    """A desktop reached through the OSWorld protocol (server_url or pool_url)."""
+
+    def __init__(self, config: EnvConfig | None = None) -> None:
+        self.config = config or EnvConfig(kind="osworld")
+        self.options = self.config.desktop
+        self.token = read_secret(self.options.token_env, self.options.token_file)
+        self.pool = (
+            EmulatorPool(self.options.pool_url, self.token) if self.options.pool_url else None
+        )
+        self.emulator: str | None = None
+        self.client: OSWorldClient | None = None
+        if self.pool is None:
+            if not self.options.server_url and type(self) is OSWorldEnv:
+                raise EnvInputError("kind 'osworld' needs env.desktop.server_url or pool_url")
+            if self.options.server_url:
+                self.client = self._client(self.options.server_url)
+        self.task: Task | None = None
+        self.last_action: str | None = None
+        self._done = False
+        self._has_apps_endpoint = True
+
+    def _client(self, url: str) -> OSWorldClient:
+        return OSWorldClient(url, self.token, self.options.request_timeout_s)
+
+    # ------------------------------------------------------------------ contract
+    def reset(self, task: Task) -> Observation:
+        steps = task.config.get("config", [])
+        if not isinstance(steps, list) or not isinstance(task.config.get("evaluator", {}), dict):
+            raise EnvInputError(f"task {task.task_id}: 'config' must be a list of setup steps")
+        if self.pool is not None:
+            if self.emulator is not None:
+                self.pool.stop(self.emulator)
+                self.emulator = None
+            self.emulator, url = self.pool.start()
+            self.client = self._client(url)
+        c = self._need_client()
+        c.reset(task.config.get("apps", self.options.apps))
+        for i, step in enumerate(steps):
+            self._setup_step(c, i, step)
+        self.task, self.last_action, self._done = task, None, False
+        return self._observe(c)
+
+    def step(self, action: Action) -> StepResult:
+        c = self._need_client()
+        if self._done:
+            return StepResult(self._observe(c), True, {"event": "episode_over"})
+        try:
+            code = to_code(action)
+        except UnsafeAction as e:  # the model's action cannot run: nothing happens
+            return StepResult(self._observe(c), False, {"event": "refused", "error": str(e)})
+        self.last_action = code if code in (WAIT, DONE, FAIL) else "code"
+        info: dict[str, Any] = {"event": code if code in (WAIT, DONE, FAIL) else "executed"}
+        if code in (DONE, FAIL):
+            self._done = True
+            return StepResult(self._observe(c), True, info)
+        if code == WAIT:
+            time.sleep(1.0)
+        else:
+            r = c.execute([sys_python(), "-c", code])
+            info |= {"returncode": r.get("returncode"), "error": (r.get("error") or "")[-500:]}
+            time.sleep(self.options.settle_s)
+        self._check_apps(c)
+        return StepResult(self._observe(c), False, info)
+
+    def evaluate(self) -> float:
+        c = self._need_client()
+        if self.task is None:
+            raise EnvInputError("evaluate before reset")
+        self._check_apps(c)
+        return osworld_eval.evaluate(c, self.task.config.get("evaluator", {}), self.last_action)
+
+    def healthy(self) -> bool:
+        if self.client is None:
+            return True
+        try:
+            self.client.request("GET", "/platform")
+            return True
+        except (EnvCrashed, EnvInputError):
+            return False
+
+    def close(self) -> None:
+        if self.pool is not None and self.emulator is not None:
+            try:
+                self.pool.stop(self.emulator)
+            finally:
+                self.emulator = None
+
+    # ------------------------------------------------------------------ helpers
+    def _need_client(self) -> OSWorldClient:
+        if self.client is None:
+            raise EnvInputError("no desktop yet: call reset(task) first")
+        return self.client
+
+    def _observe(self, c: OSWorldClient) -> Observation:
+        png = c.screenshot()
+        w, h = _png_size(png)
+        tree = c.accessibility() if self.options.accessibility else None
+        return Observation(png, w, h, accessibility=tree)
+
+    def _check_apps(self, c: OSWorldClient) -> None:
+        if not self._has_apps_endpoint:
+            return
+        crashed = c.crashed_apps()
+        if crashed is None:
+            self._has_apps_endpoint = False
+        elif crashed:
+            raise EnvCrashed(f"application(s) crashed on the desktop: {', '.join(crashed)}")
+
+    def _setup_step(self, c: OSWorldClient, i: int, step: Any) -> None:
+        if not isinstance(step, dict) or "type" not in step:
+            raise EnvInputError(f"setup step {i}: needs a 'type'")
+        kind, p = step["type"], step.get("parameters", {})
+        if kind == "sleep":
+            time.sleep(float(p.get("seconds", 1)))
+        elif kind in ("execute", "command"):
+            r = c.setup("execute", {"command": p["command"], "shell": bool(p.get("shell", False))})
+            if r.get("returncode") not in (0, None):
+                raise EnvInputError(f"setup step {i} ({kind}) failed: {r.get('error', '')[-300:]}")
+        elif kind in ("launch", "open", "activate_window", "close_window"):
+            endpoint = {"open": "open_file"}.get(kind, kind)
+            c.setup(endpoint, p)
+            time.sleep(float(p.get("wait", 0.0)))
+        elif kind == "upload_file":
+            for f in p.get("files", []):
+                data = (
+                    f["content"].encode() if "content" in f else Path(f["local_path"]).read_bytes()
+                )
+                c.upload(f["path"], data)
+        elif kind == "download":
+            for f in p.get("files", []):
+                c.setup("download_file", {"url": f["url"], "path": f["path"]})
+        else:
+            raise EnvInputError(f"setup step {i}: unknown type {kind!r}")
+
+
+def sys_python() -> str:
+    """`python`: the server maps it to an interpreter with pyautogui (OSWorld's convention)."""
+    return "python"
+
+
+def _png_size(png: bytes) -> tuple[int, int]:
+    if png[:8] != b"\x89PNG\r\n\x1a\n":
+        raise EnvCrashed("desktop server sent a screenshot that is not a PNG")
+    return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+
+
+class LocalDesktopEnv(OSWorldEnv):
+    """OSWorldEnv over our own server on a private Xvfb display, started and owned by the env."""
+
+    MIN_SIZE = (640, 480)
+
+    def __init__(self, config: EnvConfig | None = None) -> None:
+        config = config or EnvConfig(kind="desktop", screen_width=1024, screen_height=768)
+        if config.screen_width < self.MIN_SIZE[0] or config.screen_height < self.MIN_SIZE[1]:
+            raise EnvInputError(
+                f"a desktop needs at least {self.MIN_SIZE[0]}x{self.MIN_SIZE[1]} pixels; "
+                f"env.screen_width/height are {config.screen_width}x{config.screen_height}"
+            )
+        super().__init__(config)
+        self._token = secrets.token_urlsafe(24)
+        self.token = self._token
+        self._tree: dict[int, psutil.Process] = {}
+        self._proc = self._start_server()
+        self._remember_tree()
+
+    def _start_server(self) -> subprocess.Popen[str]:
+        from dart_ray.envs.desktop.spawn import spawn_server
+
+        proc, url = spawn_server(
+            self.config.screen_width,
+            self.config.screen_height,
+            self.options.window_manager,
+            self._token,
+        )
+        self.client = self._client(url)
+        return proc
+
+    def reset(self, task: Task) -> Observation:
+        try:
+            return super().reset(task)
+        finally:
+            self._remember_tree()
+
+    def step(self, action: Action) -> StepResult:
+        try:
+            return super().step(action)
+        finally:
+            self._remember_tree()
+
+    def _remember_tree(self) -> None:
+        """Note the server's descendants (Xvfb, apps, what the terminal started): if the server
+        dies they are orphaned, and close() must still find and stop them."""
+        with contextlib.suppress(psutil.NoSuchProcess):
+            self._tree = {p.pid: p for p in psutil.Process(self._proc.pid).children(recursive=True)}
+
+    def processes(self) -> list[int]:
+        alive = [p.pid for p in self._tree.values() if p.is_running()]
+        return ([self._proc.pid] if self._proc.poll() is None else []) + alive
+
+    def close(self) -> None:
+        proc = self._proc
+        if proc.poll() is None:
+            self._remember_tree()
+            proc.terminate()  # the server tears its X server and apps down on SIGTERM
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:  # a frozen (SIGSTOPped) server never answers
+                proc.kill()
+                proc.wait(5)
+        for child in self._tree.values():  # orphans of a dead server, or what it left
+            if child.is_running():  # is_running() also guards against a reused pid
+                child.kill()
+        self._tree = {}
+
+
+def task_from_json(d: dict[str, Any], env: str = "desktop", split: str = "train") -> Task:
+    """An OSWorld task file (id, instruction, config, evaluator) as a dart-ray Task."""
+    cfg = {k: d[k] for k in ("config", "evaluator", "apps") if k in d}
+    return Task(str(d["id"]), str(d["instruction"]), env, json.loads(json.dumps(cfg)), split)

@@ -1,0 +1,336 @@
+"""A real X desktop (Xvfb, openbox, xterm, Mousepad) behind our OSWorld-protocol server, driven
+through the client (marker `desktop`). Needs the Debian packages scripts/install-test-deps.sh
+installs."""
+
+from __future__ import annotations
+
+import http.server
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+
+from dart_ray.config import EnvConfig
+from dart_ray.envs.base import EnvCrashed, EnvInputError
+from dart_ray.envs.desktop.suite import TASKS, demo, load_desktop_tasks
+from dart_ray.envs.osworld import LocalDesktopEnv
+from dart_ray.records import Action, ActionKind, Task
+from tests.envs.desktop_demo import demo_actions
+
+pytestmark = [
+    pytest.mark.desktop,
+    pytest.mark.skipif(shutil.which("Xvfb") is None, reason="needs Xvfb (install-test-deps.sh)"),
+]
+CFG = EnvConfig(kind="desktop", screen_width=800, screen_height=600)
+
+
+@pytest.fixture(scope="module")
+def desk() -> Iterator[LocalDesktopEnv]:
+    env = LocalDesktopEnv(CFG)
+    yield env
+    env.close()
+
+
+def _solve(env: LocalDesktopEnv, task: Task) -> float:
+    obs = env.reset(task)
+    assert (obs.width, obs.height) == (800, 600)
+    assert env.client is not None
+    for a in demo_actions(demo(task.task_id), env.client.accessibility):
+        env.step(a)
+    return env.evaluate()
+
+
+@pytest.mark.parametrize("task", load_desktop_tasks(), ids=lambda t: t.task_id)
+def test_scripted_demos_solve_every_desktop_task(desk: LocalDesktopEnv, task: Task) -> None:
+    assert _solve(desk, task) == 1.0
+
+
+def test_suite_has_terminal_editor_and_infeasible_tasks() -> None:
+    ids = [t["id"] for t in TASKS]
+    assert len(ids) >= 10 and len(set(ids)) == len(ids)
+    assert sum(i.startswith("term-") for i in ids) >= 5
+    assert sum(i.startswith("editor-") for i in ids) >= 3
+
+
+def test_doing_nothing_or_giving_up_scores_zero(desk: LocalDesktopEnv) -> None:
+    tasks = {t.task_id: t for t in load_desktop_tasks()}
+    desk.reset(tasks["term-create-file"])
+    assert desk.step(Action(ActionKind.FINISHED)).done
+    assert desk.evaluate() == 0.0
+    desk.reset(tasks["term-create-file"])
+    desk.step(Action(ActionKind.CALL_USER))  # FAIL on a feasible task
+    assert desk.evaluate() == 0.0
+    desk.reset(tasks["infeasible-spreadsheet"])
+    desk.step(Action(ActionKind.FINISHED))  # DONE on an infeasible task
+    assert desk.evaluate() == 0.0
+
+
+def test_reset_gives_a_fresh_home_and_restarts_apps(desk: LocalDesktopEnv) -> None:
+    c = desk.client
+    assert c is not None
+    task = next(t for t in load_desktop_tasks() if t.task_id == "term-copy")
+    desk.reset(task)
+    c.execute("echo stale > ~/stale.txt", shell=True)
+    pids = {a["pid"] for a in c.request("GET", "/apps").json()}
+    desk.reset(task)
+    assert c.file("~/stale.txt") is None
+    assert c.file("~/report.txt") == b"Q3 numbers\n"  # this task's own setup, again
+    new = {a["pid"] for a in c.request("GET", "/apps").json()}
+    assert new and not new & pids
+
+
+HOSTILE = [
+    "'); import os; os.system('touch /tmp/dart-pwned-1'); ('",
+    '"); __import__("os").system("touch /tmp/dart-pwned-2") #',
+    "$(touch /tmp/dart-pwned-3) `touch /tmp/dart-pwned-4` \\' \\\" {x}",
+]
+
+
+def test_model_strings_are_typed_never_executed(desk: LocalDesktopEnv) -> None:
+    task = Task(
+        "quote",
+        "type",
+        "desktop",
+        {
+            "config": [
+                {
+                    "type": "upload_file",
+                    "parameters": {"files": [{"path": "~/q.txt", "content": ""}]},
+                },
+                {"type": "open", "parameters": {"path": "~/q.txt"}},
+            ],
+            "evaluator": {"func": "infeasible"},
+        },
+    )
+    for p in Path("/tmp").glob("dart-pwned-*"):
+        p.unlink()
+    desk.reset(task)
+    assert desk.client is not None
+    text = "\n".join(HOSTILE)
+    actions = [
+        *demo_actions([{"focus": "q.txt"}], desk.client.accessibility),
+        Action(ActionKind.TYPE, text=text),
+        Action(ActionKind.HOTKEY, text="ctrl s"),
+    ]
+    for a in actions:
+        desk.step(a)
+    assert desk.client.file("~/q.txt") == text.encode()
+    assert not list(Path("/tmp").glob("dart-pwned-*"))
+    # a hotkey that is not a key is refused before it becomes code
+    r = desk.step(Action(ActionKind.HOTKEY, text="ctrl'); import os; os.system('id"))
+    assert r.info["event"] == "refused" and "unknown key" in r.info["error"]
+
+
+def test_protocol_endpoints(desk: LocalDesktopEnv, tmp_path: Path) -> None:
+    c = desk.client
+    assert c is not None
+    desk.reset(next(t for t in load_desktop_tasks() if t.task_id == "editor-replace"))
+    assert c.request("GET", "/platform").text == "Linux"
+    assert c.screen_size() == (800, 600)
+    x, y = c.request("GET", "/cursor_position").json()
+    assert 0 <= x < 800 and 0 <= y < 600
+    home = c.request("POST", "/desktop_path", json={}).json()["desktop_path"]
+    assert home.endswith("/Desktop")
+    assert "style.txt - Mousepad" in c.accessibility()
+    size = c.request("POST", "/window_size", json={"app_class_name": "Mousepad"}).json()
+    assert size["width"] > 100 and size["height"] > 100
+    r = c.request("POST", "/run_python", json={"code": "print(6 * 7)"}).json()
+    assert (r["status"], r["output"], r["return_code"]) == ("success", "42\n", 0)
+    r = c.request("POST", "/run_bash_script", json={"script": "echo $((6 * 7)) >&2; exit 3"}).json()
+    assert (r["error"], r["return_code"]) == ("42\n", 3)
+    assert c.file("~/nope.txt") is None
+    tree = c.list_directory("~")
+    assert tree is not None and {"name": "style.txt", "type": "file"} in tree["children"]
+    # download_file from a server on loopback (the network is closed; so is OSWorld's, often)
+    (tmp_path / "data.txt").write_text("from the web")
+    handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(tmp_path))  # noqa: E731
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}/data.txt"
+        c.setup("download_file", {"url": url, "path": "~/Documents/data.txt"})
+    finally:
+        srv.shutdown()
+    assert c.file("~/Documents/data.txt") == b"from the web"
+    c.setup("close_window", {"window_name": "style.txt"})
+    c.setup("launch", {"command": ["xterm"]})
+    c.execute("sleep 0.5", shell=False)
+    assert "style.txt" not in c.accessibility()
+    c.setup("activate_window", {"window_name": "Terminal", "strict": True})
+    assert 'name="Terminal"' in c.accessibility() and 'active="true"' in c.accessibility()
+    with pytest.raises(EnvInputError, match="no window"):
+        c.setup("activate_window", {"window_name": "No Such Window"})
+    # the terminal endpoint returns what the xterm printed
+    for a in demo_actions(
+        [{"focus": "Terminal"}, {"type": "echo marker-$((40 + 2))\n"}], c.accessibility
+    ):
+        desk.step(a)
+    assert "marker-42" in (c.terminal() or "")
+
+
+def test_bearer_token_is_required(desk: LocalDesktopEnv) -> None:
+    assert desk.client is not None
+    r = requests.get(desk.client.base + "/screenshot", timeout=10)
+    assert r.status_code == 401
+    r = requests.get(
+        desk.client.base + "/screenshot", timeout=10, headers={"Authorization": "Bearer wrong"}
+    )
+    assert r.status_code == 401
+
+
+def test_server_refuses_other_addresses_without_a_token() -> None:
+    from dart_ray.envs.desktop.server import main
+
+    with pytest.raises(SystemExit):
+        main(["--host", "0.0.0.0", "--port", "0"])
+
+
+def test_malformed_requests_get_clear_errors(desk: LocalDesktopEnv) -> None:
+    c = desk.client
+    assert c is not None
+    with pytest.raises(EnvInputError, match="'command' is required"):
+        c.request("POST", "/execute", json={})
+    with pytest.raises(EnvInputError, match="unknown type 'teleport'"):
+        desk.reset(Task("bad", "x", "desktop", {"config": [{"type": "teleport"}]}))
+    with pytest.raises(EnvInputError, match="needs at least 640x480"):
+        LocalDesktopEnv(EnvConfig(kind="desktop"))
+    assert desk.healthy()
+
+
+def test_a_dead_server_is_a_crash_and_leaves_nothing_behind() -> None:
+
+    env = LocalDesktopEnv(CFG)
+    env.reset(load_desktop_tasks()[0])  # Xvfb, openbox and an xterm are up
+    orphans = [p for p in env.processes() if p != env._proc.pid]
+    assert len(orphans) >= 3
+    env._proc.kill()  # SIGKILL: the server cannot clean up after itself
+    env._proc.wait()
+    with pytest.raises(EnvCrashed, match="did not answer"):
+        env.reset(load_desktop_tasks()[0])
+    assert not env.healthy()
+    env.close()
+    _gone, alive = psutil.wait_procs(_live(orphans), timeout=5)
+    assert not alive
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_session_recovers_from_a_killed_app_and_a_frozen_server() -> None:
+    import os
+    import signal
+
+    import ray
+
+    from actors.env_session import start_session
+    from dart_ray.envs.base import EnvAborted
+
+    cfg = CFG.model_copy(
+        update={
+            "step_timeout_s": 20.0,
+            "desktop": CFG.desktop.model_copy(update={"request_timeout_s": 4.0}),
+        }
+    )
+    s = start_session(cfg, "desktop-crash")
+    tasks = {t.task_id: t for t in load_desktop_tasks()}
+
+    def solve(task: Task) -> float:
+        obs = ray.get(s.reset.remote(task))
+        latest = {"a11y": obs.accessibility or ""}
+        for a in demo_actions(demo(task.task_id), lambda: latest["a11y"]):
+            latest["a11y"] = ray.get(s.step.remote(a)).observation.accessibility or ""
+        return ray.get(s.evaluate.remote())
+
+    def named(name: str) -> list[int]:
+        out = []
+        for pid in ray.get(s.processes.remote()):
+            try:
+                if psutil.Process(pid).name() == name:
+                    out.append(pid)
+            except psutil.NoSuchProcess:  # a short-lived helper that already finished
+                continue
+        return out
+
+    try:
+        # 1. the editor is killed mid-episode: the next step reports the crash, no reward
+        ray.get(s.reset.remote(tasks["editor-type-save"]))
+        (editor,) = named("mousepad")
+        os.kill(editor, signal.SIGKILL)
+        with pytest.raises(EnvAborted, match="crashed on the desktop: mousepad"):
+            ray.get(s.step.remote(Action(ActionKind.TYPE, text="too late")))
+        # 2. a fresh desktop serves the next episode
+        assert solve(tasks["editor-type-save"]) == 1.0
+        # 3. the server freezes (SIGSTOP): requests time out, the session kills the whole
+        # desktop and starts another
+        frozen = ray.get(s.processes.remote())
+        os.kill(frozen[0], signal.SIGSTOP)
+        with pytest.raises(EnvAborted, match="did not answer"):
+            ray.get(s.step.remote(Action(ActionKind.WAIT)))
+        _, alive = psutil.wait_procs(_live(frozen), timeout=10)
+        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+        assert solve(tasks["term-create-file"]) == 1.0
+        st = ray.get(s.stats.remote())
+        assert (st.aborted, st.recreations) == (2, 2)
+    finally:
+        ray.get(s.close.remote())
+        ray.kill(s)
+
+
+def test_emulator_pool_leases_a_fresh_desktop_per_reset(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dart_ray.config import DesktopOptions
+    from dart_ray.envs.desktop.pool import Pool, serve
+    from dart_ray.envs.osworld import OSWorldEnv
+
+    monkeypatch.setenv("DART_TEST_POOL_TOKEN", "pool-secret-for-this-test")
+    pool = Pool("pool-secret-for-this-test", max_emulators=1, width=800, height=600)
+    server = serve(pool)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    opts = DesktopOptions(pool_url=url, token_env="DART_TEST_POOL_TOKEN")
+    env = OSWorldEnv(EnvConfig(kind="osworld", desktop=opts))
+    try:
+        task = next(t for t in load_desktop_tasks() if t.task_id == "term-create-file")
+        assert _solve(env, task) == 1.0  # type: ignore[arg-type]
+        first = env.emulator
+        env.reset(task)  # the old desktop goes back, a new one comes (max 1 at a time)
+        assert env.emulator != first
+        assert [e["emulator_id"] for e in pool.listing()[1]["emulators"]] == [env.emulator]
+        env.close()
+        assert pool.listing()[1]["emulators"] == []
+        bad = OSWorldEnv(EnvConfig(kind="osworld", desktop=DesktopOptions(pool_url=url)))
+        with pytest.raises(EnvInputError, match="refused the bearer token"):
+            bad.reset(task)
+    finally:
+        env.close()
+        pool.close()
+        server.shutdown()
+
+
+def _live(pids: list[int]) -> list[psutil.Process]:
+    """The processes among `pids` that still exist."""
+    out = []
+    for pid in pids:
+        try:
+            out.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+def test_configured_apps_start_fresh_on_every_reset() -> None:
+    from dart_ray.config import DesktopOptions
+
+    env = LocalDesktopEnv(CFG.model_copy(update={"desktop": DesktopOptions(apps=["xterm"])}))
+    try:
+        empty = Task("empty", "x", "desktop", {"config": [], "evaluator": {"func": "infeasible"}})
+        obs = env.reset(empty)
+        assert 'name="Terminal"' in (obs.accessibility or "")
+        assert env.client is not None
+        first = [a["pid"] for a in env.client.request("GET", "/apps").json()]
+        env.reset(empty)
+        second = [a["pid"] for a in env.client.request("GET", "/apps").json()]
+        assert len(first) == len(second) == 1 and first != second
+    finally:
+        env.close()

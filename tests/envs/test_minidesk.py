@@ -1,0 +1,234 @@
+"""MiniDesk: every shipped task is solvable, random play fails, and the toolkit rules hold."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import random
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from dart_ray.config import EnvConfig, MiniDeskOptions
+from dart_ray.envs.base import EnvInputError, FrameObservation, make_env
+from dart_ray.envs.minidesk.env import MiniDeskEnv
+from dart_ray.envs.minidesk.families import FAMILIES
+from dart_ray.envs.minidesk.generate import load_tasks, main, make_task, solve
+from dart_ray.envs.minidesk.oracle import oracle_action
+from dart_ray.envs.minidesk.render import position_wallpaper
+from dart_ray.records import Action, ActionKind, Observation, Task
+
+ALL_TASKS = load_tasks(split="train") + load_tasks(split="heldout")
+
+
+def _cfg(**kw: object) -> EnvConfig:
+    return EnvConfig(minidesk=MiniDeskOptions(**kw))  # type: ignore[arg-type]
+
+
+def test_suite_shape() -> None:
+    train, held = load_tasks(split="train"), load_tasks(split="heldout")
+    assert len(FAMILIES) >= 8
+    assert {t.config["family"] for t in train} == set(FAMILIES)
+    assert {t.config["tier"] for t in train} == {1, 2, 3}
+    # held-out tasks come from disjoint seeds, so no held-out scene is a training scene
+    assert not {t.task_id for t in train} & {t.task_id for t in held}
+    assert not {t.config["seed"] for t in train} & {t.config["seed"] for t in held}
+    assert all(t.split == "heldout" for t in held)
+
+
+@pytest.mark.parametrize("placement", ["flow", "scatter"])
+def test_oracle_solves_every_shipped_task(placement: str) -> None:
+    steps_by_family: dict[str, list[int]] = {}
+    for t in ALL_TASKS:
+        reward, steps = solve(t, _cfg(placement=placement))
+        assert reward == 1.0, t.task_id
+        steps_by_family.setdefault(t.config["family"], []).append(steps)
+    # single-step and multi-step families; the longest forms need 8 actions:
+    # name (click, type) + email (click, type) + role (open, pick) + newsletter + Submit = 8
+    assert max(steps_by_family["click-button"]) == 1
+    assert max(steps_by_family["fill-form"]) == 8
+    assert all(2 <= max(s) <= 8 for f, s in steps_by_family.items() if f != "click-button")
+
+
+def _random_action(rng: random.Random, w: int, h: int) -> Action:
+    pt = (rng.uniform(0, w), rng.uniform(0, h))
+    kind = rng.choice(
+        [ActionKind.CLICK] * 4
+        + [ActionKind.TYPE, ActionKind.HOTKEY, ActionKind.SCROLL, ActionKind.LEFT_DOUBLE]
+        + [ActionKind.DRAG, ActionKind.WAIT, ActionKind.FINISHED]
+    )
+    if kind == ActionKind.TYPE:
+        return Action(kind, text=rng.choice(["hello", "Ada", "kiwi", "x\n"]))
+    if kind == ActionKind.HOTKEY:
+        return Action(kind, text=rng.choice(["enter", "escape", "ctrl a", "tab", "backspace"]))
+    if kind == ActionKind.SCROLL:
+        return Action(kind, point=pt, direction=rng.choice(["up", "down"]))
+    if kind == ActionKind.DRAG:
+        return Action(kind, point=pt, end_point=(rng.uniform(0, w), rng.uniform(0, h)))
+    return Action(kind, point=pt)
+
+
+def test_random_policy_scores_near_zero() -> None:
+    env = MiniDeskEnv(EnvConfig())
+    rng = random.Random(1234)
+    rewards: dict[str, list[float]] = {}
+    for _ in range(3):
+        for t in ALL_TASKS:
+            env.reset(t)
+            for _ in range(8):
+                if env.step(_random_action(rng, 320, 240)).done:
+                    break
+            rewards.setdefault(t.config["family"], []).append(env.evaluate())
+    overall = np.mean([r for rs in rewards.values() for r in rs])
+    assert overall < 0.05, overall
+    # click-button at tier 1 has 2 big buttons, the easiest target for luck; still rare
+    assert max(np.mean(rs) for rs in rewards.values()) < 0.2, {
+        f: np.mean(rs) for f, rs in rewards.items()
+    }
+
+
+def test_same_task_gives_same_pixels_and_placement_changes_them() -> None:
+    t = make_task("fill-form", 3, 7)
+    a = MiniDeskEnv(_cfg(placement="flow")).reset(t).screenshot
+    b = MiniDeskEnv(_cfg(placement="flow")).reset(t).screenshot
+    c = MiniDeskEnv(_cfg(placement="scatter")).reset(t).screenshot
+    assert a == b
+    assert a != c
+
+
+def test_position_wallpaper_codes_coordinates() -> None:
+    img = np.asarray(position_wallpaper(320, 240))
+    # red = round(255 * x / 319), green = round(255 * y / 239), blue = 96
+    assert tuple(img[0, 0]) == (0, 0, 96)
+    assert tuple(img[239, 319]) == (255, 255, 96)
+    assert tuple(img[120, 160]) == (128, 128, 96)  # 255*160/319 = 127.9; 255*120/239 = 128.0
+    # and it shows through the window body on a real frame (a corner far from widgets)
+    obs = MiniDeskEnv(_cfg(wallpaper="position")).reset(make_task("click-button", 1, 0))
+    frame = np.asarray(obs.frame)  # type: ignore[attr-defined]
+    assert tuple(frame[230, 310]) == tuple(img[230, 310])
+
+
+def test_png_is_encoded_lazily_and_pickles_as_plain_observation() -> None:
+    env = MiniDeskEnv(EnvConfig())
+    obs = env.reset(make_task("dropdown", 2, 3))
+    assert isinstance(obs, FrameObservation) and not obs.encoded
+    decoded = np.asarray(Image.open(io.BytesIO(obs.screenshot)).convert("RGB"))
+    assert obs.encoded
+    assert (decoded == np.asarray(obs.frame)).all()
+    plain = pickle.loads(pickle.dumps(obs))
+    assert type(plain) is Observation and plain.screenshot == obs.screenshot
+    eager = MiniDeskEnv(_cfg(encode_png=True)).reset(make_task("dropdown", 2, 3))
+    assert type(eager) is Observation and eager.screenshot == obs.screenshot
+
+
+def _play(env: MiniDeskEnv, actions: list[Action]) -> list[dict[str, object]]:
+    return [env.step(a).info for a in actions]
+
+
+def _click(p: tuple[float, float]) -> Action:
+    return Action(ActionKind.CLICK, point=p)
+
+
+def test_dialog_is_modal_and_cancel_keeps_the_file() -> None:
+    env = MiniDeskEnv(_cfg(placement="flow"))
+    t = make_task("confirm-dialog", 1, 0)
+    env.reset(t)
+    s = env.scene
+    files, delete = s.widgets["files"], s.widgets["delete"]
+    target = t.config["goal"]["values"]["files"]
+    row = files.row_rect(files.items.index(target)).center
+    _, cancel = s.dialog_buttons()
+    infos = _play(
+        env, [_click(row), _click(delete.rect.center), _click((2, 236)), _click(cancel.center)]
+    )
+    assert [i["event"] for i in infos] == [
+        "selected",
+        "dialog",
+        "blocked_by_dialog",
+        "dialog_cancel",
+    ]
+    assert not env.done and env.evaluate() == 0.0
+    r = env.step(_click(delete.rect.center))
+    r = env.step(Action(ActionKind.HOTKEY, text="enter"))  # Enter confirms the dialog
+    assert r.done and r.info["committed"] == "delete" and env.evaluate() == 1.0
+
+
+def test_typing_select_all_and_enter() -> None:
+    env = MiniDeskEnv(_cfg(placement="flow"))
+    t = make_task("type-field", 3, 5)  # tier 3: the field starts with text to replace
+    env.reset(t)
+    f = env.scene.widgets["t0"]
+    want = t.config["goal"]["values"]["t0"]
+    assert f.text
+    _play(env, [Action(ActionKind.TYPE, text="lost")])  # no focus: goes nowhere
+    _play(env, [_click(f.field_box().center), Action(ActionKind.TYPE, text="zz")])
+    assert f.text.endswith("zz")
+    _play(env, [Action(ActionKind.HOTKEY, text="ctrl a"), Action(ActionKind.TYPE, text=want)])
+    assert f.text == want
+    t1 = env.scene.widgets["t1"]
+    _play(env, [Action(ActionKind.HOTKEY, text="tab"), Action(ActionKind.HOTKEY, text="ctrl+a")])
+    r = env.step(Action(ActionKind.TYPE, text=t.config["goal"]["values"]["t1"] + "\n"))
+    # "...\n" typed into the second field, then Enter pressed the default commit button
+    assert t1.text == t.config["goal"]["values"]["t1"]
+    assert r.done and r.info["committed"] == "ok" and env.evaluate() == 1.0
+
+
+def test_scroll_clamps_and_wrong_commit_fails() -> None:
+    env = MiniDeskEnv(_cfg(placement="flow"))
+    env.reset(make_task("scroll-list", 3, 2))  # 20 items, 5 rows: offsets 0..15
+    lst = env.scene.widgets["items"]
+    c = lst.list_box().center
+    for _ in range(20):
+        env.step(Action(ActionKind.SCROLL, point=c, direction="down"))
+    assert lst.offset == 15
+    env.step(Action(ActionKind.DRAG, point=(c[0], c[1]), end_point=(c[0], c[1] + 24)))
+    assert lst.offset == 13  # dragged down 24 px = 2 rows of 12 px: content moves back 2
+    r = env.step(_click(env.scene.widgets["cancel"].rect.center))
+    assert r.done and env.evaluate() == 0.0
+    r2 = env.step(_click((1, 1)))  # after the end nothing changes
+    assert r2.done and r2.info["event"] == "episode_over"
+
+
+def test_oracle_recovers_from_a_detour() -> None:
+    env = MiniDeskEnv(_cfg(placement="scatter"))
+    t = make_task("fill-form", 3, 11)
+    env.reset(t)
+    role = env.scene.widgets["role"]
+    _play(env, [_click(role.field_box().center), Action(ActionKind.HOTKEY, text="escape")])
+    _play(env, [_click(env.scene.widgets["news"].rect.center)])
+    steps = 0
+    while not env.done and steps < 20:
+        env.step(oracle_action(env))
+        steps += 1
+    assert env.evaluate() == 1.0
+
+
+def test_bad_input_names_the_problem() -> None:
+    env = make_env(EnvConfig(kind="minidesk"))
+    with pytest.raises(EnvInputError, match="reset"):
+        env.step(_click((1, 1)))
+    with pytest.raises(EnvInputError, match="widgets"):
+        env.reset(Task("x", "do it", "minidesk", {"goal": {"commit": "ok"}}))
+    spec = dict(make_task("click-button", 1, 0).config)
+    spec["goal"] = {"commit": "nope"}
+    with pytest.raises(EnvInputError, match="'nope'"):
+        env.reset(Task("x", "do it", "minidesk", spec))
+    env.reset(make_task("click-button", 1, 0))
+    with pytest.raises(EnvInputError, match="needs a point"):
+        env.step(Action(ActionKind.CLICK))
+    # the env is still usable after refusing bad input
+    assert env.step(Action(ActionKind.WAIT)).info["event"] == "wait"
+    tiny = MiniDeskEnv(EnvConfig(screen_width=120, screen_height=60))
+    with pytest.raises(EnvInputError, match="does not fit a 120x60 screen"):
+        tiny.reset(make_task("fill-form", 3, 0))
+
+
+def test_generator_reproduces_the_shipped_files(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    main(["--out", str(tmp_path)])
+    from dart_ray.envs.minidesk.generate import TASKS_DIR
+
+    for split in ("train", "heldout"):
+        assert (tmp_path / f"{split}.jsonl").read_bytes() == (
+            TASKS_DIR / f"{split}.jsonl"
+        ).read_bytes()

@@ -1,0 +1,239 @@
+"""MiniWoB++ in real headless Chromium (marker `browser`): scripted solutions of seven task
+families scored by each task's own JavaScript reward, and recovery from a killed and from a
+frozen browser through a real EnvSession actor.
+
+The scripts read the page's elements from `Observation.accessibility` (MiniWoB's DOM, in
+screenshot pixels) and act only through UI-TARS actions at pixel positions."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psutil
+import pytest
+import ray
+
+from dart_ray.config import EnvConfig, MiniWobOptions
+from dart_ray.envs.base import EnvAborted, EnvInputError
+from dart_ray.records import Action, ActionKind, Observation, Task
+
+pytest.importorskip("miniwob", reason="needs the browser extra")
+from dart_ray.envs.miniwob import MiniWobEnv
+
+pytestmark = pytest.mark.browser
+Elements = list[dict[str, Any]]
+
+
+@pytest.fixture(scope="module")
+def env() -> Iterator[MiniWobEnv]:
+    e = MiniWobEnv(EnvConfig(kind="miniwob"))
+    yield e
+    e.close()
+
+
+def _task(sub: str, seed: int) -> Task:
+    return Task(f"miniwob/{sub}/{seed}", "", "miniwob", {"subdomain": sub, "seed": seed})
+
+
+def _els(obs: Observation) -> tuple[dict[str, str], Elements]:
+    d = json.loads(obs.accessibility or "{}")
+    return d["fields"], d["elements"]
+
+
+def _center(e: dict[str, Any]) -> tuple[float, float]:
+    return (e["left"] + e["width"] / 2, e["top"] + e["height"] / 2)
+
+
+def _click(e: dict[str, Any]) -> Action:
+    return Action(ActionKind.CLICK, point=_center(e))
+
+
+def _find(
+    els: Elements, tag: str, text: str | None = None, id_: str | None = None
+) -> dict[str, Any]:
+    for e in els:
+        if (
+            e["tag"] == tag
+            and (text is None or e["text"] == text)
+            and (id_ is None or e["id"] == id_)
+        ):
+            return e
+    raise AssertionError(f"no {tag} {text or id_!r} in the page")
+
+
+def click_test(f: dict[str, str], els: Elements) -> list[Action]:
+    return [_click(_find(els, "button"))]
+
+
+def click_button(f: dict[str, str], els: Elements) -> list[Action]:
+    return [_click(_find(els, "button", f["target"]))]
+
+
+def click_link(f: dict[str, str], els: Elements) -> list[Action]:
+    return [_click(_find(els, "span", f["target"]))]
+
+
+def enter_text(f: dict[str, str], els: Elements) -> list[Action]:
+    field = _find(els, "input_text")
+    return [
+        _click(field),
+        Action(ActionKind.TYPE, text=f["target"]),
+        _click(_find(els, "button", "Submit")),
+    ]
+
+
+def login_user(f: dict[str, str], els: Elements) -> list[Action]:
+    return [
+        _click(_find(els, "input_text", id_="username")),
+        Action(ActionKind.TYPE, text=f["username"]),
+        _click(_find(els, "input_password", id_="password")),
+        Action(ActionKind.TYPE, text=f["password"]),
+        _click(_find(els, "button", "Login")),
+    ]
+
+
+def click_checkboxes(f: dict[str, str], els: Elements) -> list[Action]:
+    wanted = {v for k, v in f.items() if k.startswith("target")}
+    by_ref = {e["ref"]: e for e in els}
+    actions = []
+    for label in (e for e in els if e["tag"] == "t" and e["text"] in wanted):
+        box = next(
+            e for e in els if e["tag"] == "input_checkbox" and e["parent"] == label["parent"]
+        )
+        assert by_ref[box["parent"]]["tag"] == "label"
+        actions.append(_click(box))
+    return [*actions, _click(_find(els, "button", "Submit"))]
+
+
+def click_dialog(f: dict[str, str], els: Elements) -> list[Action]:
+    close = next(e for e in els if e["tag"] == "button" and e["width"] == e["height"] == 20.0)
+    return [_click(close)]
+
+
+SOLVERS: dict[str, Callable[[dict[str, str], Elements], list[Action]]] = {
+    "click-test": click_test,
+    "click-button": click_button,
+    "click-link": click_link,
+    "enter-text": enter_text,
+    "login-user": login_user,
+    "click-checkboxes": click_checkboxes,
+    "click-dialog": click_dialog,
+}
+
+
+@pytest.mark.parametrize("sub", sorted(SOLVERS))
+def test_scripted_actions_earn_the_tasks_own_reward(env: MiniWobEnv, sub: str) -> None:
+    for seed in (1, 2):
+        obs = env.reset(_task(sub, seed))
+        assert (obs.width, obs.height) == (160, 210) and obs.screenshot.startswith(b"\x89PNG")
+        fields, els = _els(obs)
+        results = [env.step(a) for a in SOLVERS[sub](fields, els)]
+        assert results[-1].done, (sub, seed, results[-1].info)
+        reward = env.evaluate()
+        # MiniWoB's reward is raw * (1 - elapsed / EPISODE_MAX_TIME); with the 600 s clock and
+        # an episode of a few seconds, 1 * (1 - 5/600) > 0.99
+        assert 0.99 < reward <= 1.0, (sub, seed, reward)
+        assert results[-1].info["raw_reward"] == 1.0
+
+
+def test_wrong_answer_and_unfinished_episode_score_negative(env: MiniWobEnv) -> None:
+    obs = env.reset(_task("click-button", 5))
+    fields, els = _els(obs)
+    wrong = next(e for e in els if e["tag"] == "button" and e["text"] != fields["target"])
+    r = env.step(_click(wrong))
+    assert r.done and env.evaluate() < 0
+    env.reset(_task("click-test", 5))
+    r = env.step(Action(ActionKind.FINISHED, text="I am done"))
+    assert r.done and env.evaluate() == -1.0  # left unfinished, as MiniWoB's own timeout
+
+
+def test_bad_tasks_are_refused_and_the_browser_stays(env: MiniWobEnv) -> None:
+    with pytest.raises(EnvInputError, match="no MiniWoB"):
+        env.reset(_task("../../etc/passwd", 0))
+    env.reset(_task("click-test", 3))
+    with pytest.raises(EnvInputError, match="needs a point"):
+        env.step(Action(ActionKind.CLICK))
+    assert env.healthy()
+
+
+def test_scale_maps_points_back_to_the_page() -> None:
+    e = MiniWobEnv(EnvConfig(kind="miniwob", miniwob=MiniWobOptions(scale=2.0)))
+    try:
+        obs = e.reset(_task("click-test", 4))
+        assert (obs.width, obs.height) == (320, 420)
+        _, els = _els(obs)
+        e.step(_click(_find(els, "button")))  # a point in the 2x screenshot
+        assert e.evaluate() > 0.99
+    finally:
+        e.close()
+
+
+def _chromium_pids(session: Any) -> list[int]:
+    pids = ray.get(session.processes.remote())
+    return [
+        p
+        for p in pids
+        if "chrom" in psutil.Process(p).name() and "driver" not in psutil.Process(p).name()
+    ]
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_session_recovers_from_a_killed_and_a_frozen_browser() -> None:
+    from actors.env_session import start_session
+
+    s = start_session(EnvConfig(kind="miniwob", step_timeout_s=5.0), "miniwob-crash")
+    try:
+        # 1. Chromium killed mid-episode: the step raises EnvAborted, never a reward
+        obs = ray.get(s.reset.remote(_task("click-test", 7)))
+        for pid in _chromium_pids(s):
+            os.kill(pid, signal.SIGKILL)
+        with pytest.raises(EnvAborted, match="browser failed on step"):
+            ray.get(s.step.remote(_click(_find(_els(obs)[1], "button"))))
+        with pytest.raises(EnvInputError, match="aborted"):
+            ray.get(s.evaluate.remote())
+        # 2. the next episode runs on a new browser and is scored by the task
+        obs = ray.get(s.reset.remote(_task("click-test", 8)))
+        ray.get(s.step.remote(_click(_find(_els(obs)[1], "button"))))
+        assert ray.get(s.evaluate.remote()) > 0.99
+        # 3. a frozen browser (SIGSTOP) hangs the step: the deadline aborts it, the stuck
+        # processes are killed, and the session serves the next episode
+        obs = ray.get(s.reset.remote(_task("click-test", 9)))
+        frozen = _chromium_pids(s)
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        with pytest.raises(EnvAborted, match="timed out after 5s"):
+            ray.get(s.step.remote(_click(_find(_els(obs)[1], "button"))))
+        # SIGKILL reaches stopped processes too; give the kernel a moment to reap them
+        _, alive = psutil.wait_procs(_live(frozen), timeout=10)
+        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+        obs = ray.get(s.reset.remote(_task("click-test", 10)))
+        ray.get(s.step.remote(_click(_find(_els(obs)[1], "button"))))
+        assert ray.get(s.evaluate.remote()) > 0.99
+        st = ray.get(s.stats.remote())
+        assert (st.aborted, st.recreations) == (2, 2)
+        assert ray.get(s.health.remote()).ok
+    finally:
+        ray.get(s.close.remote())
+        ray.kill(s)
+
+
+def test_a_point_off_the_page_is_a_harmless_error_not_a_crash(env: MiniWobEnv) -> None:
+    env.reset(_task("click-test", 11))
+    r = env.step(Action(ActionKind.CLICK, point=(5000.0, 5000.0)))
+    assert not r.done and r.info["event"] == "error" and "out of bounds" in r.info["error"]
+    assert env.healthy()
+
+
+def _live(pids: list[int]) -> list[psutil.Process]:
+    """The processes among `pids` that still exist."""
+    out = []
+    for pid in pids:
+        try:
+            out.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    return out
