@@ -1,0 +1,243 @@
+"""The rollouter: keeps K episodes in flight over the session pool, and logs every one.
+
+Each finished episode is written to blob storage and appended to the durable log, whatever
+its status. An ABORTED episode (the environment crashed) is retried on the next free session
+with the same trace id, up to `rollout.max_retries` times; then the slot is recorded as
+ENV_ERROR, and the curator will not train its group. The next episode starts the moment one
+finishes (rollout-wise sampling).
+
+Decoupled mode calls `run()` once and the rollouter never waits for training. The
+synchronous baseline calls `run(max_groups=n)` per iteration: it opens n groups, finishes
+them, and returns, so every part waits for the slowest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray import serve
+from ray.util import metrics
+
+from dart_ray.config import Config
+from dart_ray.engines.base import SamplingParams
+from dart_ray.records import Status, Task, Trajectory
+from dart_ray.rollout.episode import EpisodeSettings, RaySession, ServePolicy, Slot, run_episode
+from dart_ray.rollout.scheduler import PlannedSlot, Scheduler, TaskHistory
+from dart_ray.store import open_store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RolloutReport:
+    started: int = 0
+    logged: Counter[str] = field(default_factory=Counter)
+    """Trajectories logged, by status (retried ABORTED attempts included)."""
+    groups_completed: int = 0
+    successes: int = 0
+    episode_s: float = 0.0
+    """Session-seconds spent inside episodes."""
+    wall_s: float = 0.0
+    sessions: int = 0
+
+    @property
+    def occupancy(self) -> float:
+        """Fraction of session time spent in an episode: environment utilisation."""
+        return (
+            self.episode_s / (self.wall_s * self.sessions) if self.wall_s and self.sessions else 0.0
+        )
+
+
+class _Metrics:
+    def __init__(self, run_id: str) -> None:
+        tags = {"run_id": run_id}
+        self.in_flight = metrics.Gauge(
+            "dart_trajectories_in_flight", "Episodes running now", ("run_id",)
+        )
+        self.total = metrics.Counter(
+            "dart_trajectories_total", "Trajectories logged, by status", ("run_id", "status")
+        )
+        self.occupancy = metrics.Gauge(
+            "dart_env_utilisation", "Fraction of session time inside episodes", ("run_id",)
+        )
+        self.reward = metrics.Gauge(
+            "dart_reward_mean", "Mean reward of recent trajectories", ("run_id",)
+        )
+        for m in (self.in_flight, self.total, self.occupancy, self.reward):
+            m.set_default_tags(tags)
+
+
+@ray.remote(num_cpus=0.1)
+class Rollouter:
+    def __init__(
+        self,
+        config: Config,
+        run_id: str,
+        tasks: list[Task],
+        sessions: list[Any],
+        policy_app: str,
+        shard: tuple[int, int] = (0, 1),
+    ) -> None:
+        self.c = config
+        self.run_id = run_id
+        self.store = open_store(config)
+        mine = tasks[shard[0] :: shard[1]]
+        self.scheduler = Scheduler(
+            mine,
+            n_rollouts=config.rollout.n_rollouts,
+            max_steps=config.rollout.max_steps,
+            history=self._history,
+            dynamic=config.curation.dynamic_rollouts,
+            seed=config.run.seed + shard[0],
+        )
+        self.policy = ServePolicy(serve.get_deployment_handle("PolicyServer", policy_app))
+        self.sessions = sessions
+        self.idle: asyncio.Queue[Any] = asyncio.Queue()
+        for s in sessions:
+            self.idle.put_nowait(s)
+        p = config.policy
+        self.settings = EpisodeSettings(
+            max_steps=config.rollout.max_steps,
+            sampling=SamplingParams(p.temperature, p.top_p, p.max_new_tokens),
+            history_images=p.history_images,
+            history_turns=p.history_turns,
+            on_invalid=config.rollout.on_invalid_action,
+        )
+        self.report = RolloutReport(sessions=len(sessions))
+        self.version = 0
+        self._stop = False
+        self._remaining: dict[str, int] = {}
+        self._rewards: list[float] = []
+        self._metrics = _Metrics(run_id)
+        self._active = 0
+
+    def _history(self, task_id: str) -> TaskHistory:
+        window = 2 * self.c.rollout.n_rollouts
+        recent = self.store.log.recent_outcomes(self.run_id, task_id, window)
+        thr = self.c.rollout.success_threshold
+        stats = {s.task_id: s for s in self.store.log.task_stats(self.run_id)}.get(task_id)
+        return TaskHistory(
+            recent_success=sum(r >= thr for r in recent) / len(recent) if recent else None,
+            longest_success=stats.success_steps_max if stats else 0,
+        )
+
+    # ------------------------------------------------------------------ control
+
+    async def stop(self) -> None:
+        """Start no new episode; `run` returns once the ones in flight are logged."""
+        self._stop = True
+
+    async def set_version(self, version: int) -> None:
+        self.version = max(self.version, version)
+
+    async def stats(self) -> RolloutReport:
+        return self.report
+
+    # ------------------------------------------------------------------ the loop
+
+    async def run(self, max_groups: int | None = None) -> RolloutReport:
+        """Keep `rollout.in_flight` episodes going until stopped, or until `max_groups` new
+        groups have all finished (the synchronous baseline)."""
+        self._stop = False
+        t0 = time.monotonic()
+        opened_at_start = self.scheduler.groups_opened
+        k = min(self.c.rollout.in_flight, len(self.sessions))
+        running: set[asyncio.Task[None]] = set()
+
+        def may_start() -> bool:
+            if self._stop:
+                return False
+            if max_groups is None:
+                return True
+            opened = self.scheduler.groups_opened - opened_at_start
+            return opened < max_groups or self.scheduler.pending_slots() > 0
+
+        try:
+            while True:
+                while len(running) < k and may_start():
+                    slot = await asyncio.to_thread(self.scheduler.next_slot)
+                    self._remaining.setdefault(slot.group_id, slot.group_size)
+                    running.add(asyncio.create_task(self._slot(slot)))
+                if not running:
+                    break
+                done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for d in done:
+                    d.result()  # surface bugs; environment and policy failures never raise
+        finally:
+            self.report.wall_s += time.monotonic() - t0
+            self._metrics.occupancy.set(self.report.occupancy)
+        return self.report
+
+    async def _slot(self, planned: PlannedSlot) -> None:
+        """One rollout slot: an episode, its retries on ABORTED, and the final record."""
+        trace = ""
+        for attempt in range(self.c.rollout.max_retries + 1):
+            traj = await self._episode(planned, trace)
+            trace = traj.trace_id
+            await self._log(traj)
+            if traj.status is not Status.ABORTED:
+                self._finish_group(planned.group_id)
+                return
+            log.warning("%s aborted (attempt %d): %s", traj.trajectory_id, attempt + 1, traj.error)
+        final = Trajectory(
+            trajectory_id=f"{trace}/env_error",
+            run_id=self.run_id,
+            task=planned.task,
+            steps=(),
+            reward=0.0,
+            status=Status.ENV_ERROR,
+            trace_id=trace,
+            group_id=planned.group_id,
+            group_size=planned.group_size,
+            start_version=self.version,
+            started_at=time.time(),
+            finished_at=time.time(),
+            error=f"aborted {self.c.rollout.max_retries + 1} times; last: {traj.error}",
+        )
+        await self._log(final)
+        self._finish_group(planned.group_id)
+
+    async def _episode(self, planned: PlannedSlot, trace: str) -> Trajectory:
+        session = await self.idle.get()
+        self._active += 1
+        self._metrics.in_flight.set(self._active)
+        self.report.started += 1
+        t0 = time.monotonic()
+        try:
+            slot = Slot(planned.group_id, planned.group_size, trace, self.version, self.run_id)
+            settings = EpisodeSettings(**{**self.settings.__dict__, "max_steps": planned.max_steps})
+            traj = await run_episode(RaySession(session), self.policy, planned.task, slot, settings)
+        finally:
+            self.report.episode_s += time.monotonic() - t0
+            self._active -= 1
+            self._metrics.in_flight.set(self._active)
+            self.idle.put_nowait(session)
+        if traj.steps:
+            self.version = max(self.version, traj.max_version)
+        return traj
+
+    async def _log(self, t: Trajectory) -> None:
+        def write() -> None:
+            uri = self.store.blobs.write(t)
+            self.store.log.append(t, uri)
+
+        await asyncio.to_thread(write)
+        self.report.logged[t.status.value] += 1
+        self._metrics.total.inc(tags={"status": t.status.value})
+        if t.status.trainable:
+            self._rewards = [*self._rewards[-99:], t.reward]
+            self._metrics.reward.set(sum(self._rewards) / len(self._rewards))
+            if t.reward >= self.c.rollout.success_threshold:
+                self.report.successes += 1
+
+    def _finish_group(self, gid: str) -> None:
+        self._remaining[gid] -= 1
+        if self._remaining[gid] == 0:
+            del self._remaining[gid]
+            self.report.groups_completed += 1

@@ -1,0 +1,194 @@
+"""One episode of one task, from reset to reward.
+
+    obs = reset(task)
+    repeat up to max_steps:
+        messages = prompt(instruction, last k screenshots, last m responses)
+        g = policy.generate(messages)            # text, token ids, log-probs, version
+        action = parse(g.text) mapped to screen pixels
+        record Step(prompt ids, response ids, log-probs, version, screenshot, action)
+        invalid action -> penalise (no-op step) | end the episode | resample
+        finished / call_user / env says done -> stop
+        obs = step(action)
+    reward = evaluate()
+
+Environment failures do not become rewards: `EnvAborted` (or a dead session) ends the
+episode as ABORTED, to be retried on a fresh session. A policy failure ends it as
+POLICY_ERROR. Both keep the steps taken so far, for the record.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import ray
+
+from dart_ray.actions import CoordinateMap, parse_response
+from dart_ray.engines.base import GenerateRequest, Generation, SamplingParams
+from dart_ray.envs.base import EnvAborted, StepResult
+from dart_ray.prompts import Turn, build_messages
+from dart_ray.records import ActionKind, Observation, Status, Step, Task, Trajectory
+
+log = logging.getLogger(__name__)
+
+InvalidPolicy = Literal["penalise", "end", "retry"]
+
+
+class Session(Protocol):
+    """What an episode needs of an environment (an EnvSession actor behind `RaySession`)."""
+
+    async def reset(self, task: Task) -> Observation: ...
+    async def step(self, action: object) -> StepResult: ...
+    async def evaluate(self) -> float: ...
+
+
+class Policy(Protocol):
+    async def generate(self, request: GenerateRequest) -> Generation: ...
+
+
+@dataclass(frozen=True)
+class EpisodeSettings:
+    max_steps: int
+    sampling: SamplingParams | None = None
+    history_images: int = 1
+    history_turns: int = 5
+    on_invalid: InvalidPolicy = "penalise"
+    resample_limit: int = 2
+    min_pixels: int | None = None
+    max_pixels: int | None = None
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where an episode belongs: its GRPO group and the retry chain it is part of."""
+
+    group_id: str
+    group_size: int
+    trace_id: str
+    start_version: int
+    run_id: str
+
+
+class RaySession:
+    """An EnvSession actor as a `Session`."""
+
+    def __init__(self, handle: object) -> None:
+        self.handle = handle
+
+    async def reset(self, task: Task) -> Observation:
+        return await self.handle.reset.remote(task)  # type: ignore[attr-defined,no-any-return]
+
+    async def step(self, action: object) -> StepResult:
+        return await self.handle.step.remote(action)  # type: ignore[attr-defined,no-any-return]
+
+    async def evaluate(self) -> float:
+        return await self.handle.evaluate.remote()  # type: ignore[attr-defined,no-any-return]
+
+
+class ServePolicy:
+    """The policy server's Serve handle as a `Policy`."""
+
+    def __init__(self, handle: object) -> None:
+        self.handle = handle
+
+    async def generate(self, request: GenerateRequest) -> Generation:
+        return await self.handle.generate.remote(request)  # type: ignore[attr-defined,no-any-return]
+
+
+_ENV_FAILURES = (EnvAborted, ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
+
+
+async def run_episode(
+    session: Session, policy: Policy, task: Task, slot: Slot, s: EpisodeSettings
+) -> Trajectory:
+    """Play one episode; never raises for environment or policy failures (see module doc)."""
+    tid = f"{slot.group_id}/{uuid.uuid4().hex[:12]}"
+    started = time.time()
+    steps: list[Step] = []
+
+    def done(status: Status, reward: float = 0.0, error: str | None = None) -> Trajectory:
+        return Trajectory(
+            trajectory_id=tid,
+            run_id=slot.run_id,
+            task=task,
+            steps=tuple(steps),
+            reward=reward,
+            status=status,
+            trace_id=slot.trace_id or tid,
+            group_id=slot.group_id,
+            group_size=slot.group_size,
+            start_version=slot.start_version,
+            started_at=started,
+            finished_at=time.time(),
+            error=error,
+        )
+
+    try:
+        obs = await session.reset(task)
+    except _ENV_FAILURES as e:
+        return done(Status.ABORTED, error=f"reset: {e}")
+    extra: dict[str, int] = {}
+    if s.min_pixels is not None:
+        extra["min_pixels"] = s.min_pixels
+    if s.max_pixels is not None:
+        extra["max_pixels"] = s.max_pixels
+    coords = CoordinateMap.for_screen(obs.width, obs.height, **extra)
+    turns = [Turn(obs.screenshot)]
+    finished = False
+    for i in range(s.max_steps):
+        request = GenerateRequest(
+            tuple(build_messages(task.instruction, turns, s.history_images, s.history_turns)),
+            s.sampling,
+        )
+        try:
+            gen = await policy.generate(request)
+            parsed = parse_response(gen.text, coords)
+            tries = 0
+            while (
+                parsed.action.kind is ActionKind.INVALID
+                and s.on_invalid == "retry"
+                and tries < s.resample_limit
+            ):
+                gen = await policy.generate(request)
+                parsed = parse_response(gen.text, coords)
+                tries += 1
+        except Exception as e:  # the server's failure, whatever its type: recorded, not raised
+            log.warning("policy failed on %s step %d: %s", task.task_id, i, e)
+            return done(Status.POLICY_ERROR, error=f"generate: {type(e).__name__}: {e}")
+        steps.append(
+            Step(
+                step_idx=i,
+                prompt_ids=gen.prompt_ids,
+                response_ids=gen.response_ids,
+                behaviour_logprobs=gen.logprobs,
+                entropy=gen.entropy,
+                weight_version=gen.weight_version,
+                response_text=gen.text,
+                action=parsed.action,
+                screenshot=turns[-1].screenshot,
+                num_images=min(len(turns), s.history_images),
+            )
+        )
+        turns[-1] = Turn(turns[-1].screenshot, gen.text)
+        kind = parsed.action.kind
+        if kind is ActionKind.INVALID:
+            if s.on_invalid == "end":
+                break
+            turns.append(Turn(turns[-1].screenshot))  # a no-op step: same screen again
+            continue
+        try:
+            result = await session.step(parsed.action)
+        except _ENV_FAILURES as e:
+            return done(Status.ABORTED, error=f"step {i}: {e}")
+        if kind in (ActionKind.FINISHED, ActionKind.CALL_USER) or result.done:
+            finished = True
+            break
+        turns.append(Turn(result.observation.screenshot))
+    try:
+        reward = await session.evaluate()
+    except _ENV_FAILURES as e:
+        return done(Status.ABORTED, error=f"evaluate: {e}")
+    return done(Status.OK if finished else Status.TRUNCATED, reward)

@@ -1,0 +1,112 @@
+"""The rollouter on real Ray: MiniDesk sessions, the tiny policy behind Ray Serve, a SQLite
+log and Parquet blobs. Every episode started ends up in the log with its status."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import ray
+from ray import serve
+
+from actors.env_session import start_sessions
+from actors.rollouter import Rollouter
+from dart_ray.config import load_config
+from dart_ray.envs.minidesk.generate import load_tasks
+from dart_ray.records import Status
+from dart_ray.store import open_store
+from serve_apps.policy import run_policy
+from tests.conftest import TINY_TEST_PIXELS
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_local")]
+
+
+def _config(tmp_path: Path, *extra: str):  # type: ignore[no-untyped-def]
+    return load_config(
+        None,
+        [
+            f"run.root_dir={tmp_path}",
+            "env.num_sessions=2",
+            "env.num_cpus=0.1",
+            "env.screen_width=112",
+            "env.screen_height=112",
+            "rollout.in_flight=2",
+            "rollout.n_rollouts=2",
+            "rollout.max_steps=2",
+            "policy.max_new_tokens=12",
+            "policy.num_cpus=0.2",
+            "policy.http_port=8124",
+            *extra,
+        ],
+    )
+
+
+def test_groups_are_rolled_out_and_logged(tiny_model_dir: Path, tmp_path: Path) -> None:
+    cfg = _config(tmp_path, "curation.dynamic_rollouts=false")
+    store = open_store(cfg, init=True)
+    run_policy(cfg.policy, tiny_model_dir, name="policy-roll", route_prefix="/roll")
+    sessions = start_sessions(cfg.env, prefix="roll")
+    tasks = load_tasks(split="train")[:5]
+    r = Rollouter.remote(cfg, "run-r", tasks, sessions, "policy-roll")  # type: ignore[attr-defined]
+    report = ray.get(r.run.remote(max_groups=3))
+    assert report.groups_completed == 3
+    assert sum(report.logged.values()) == report.started == 6  # 3 groups x 2 rollouts
+    rows = store.log.get_rows("run-r", [])  # nothing with an empty id list
+    assert rows == []
+    buf = store.log.buffer("run-r")
+    assert sum(buf.values()) == 6
+    stats = store.log.task_stats("run-r")
+    assert sum(s.attempts for s in stats) == 6
+    # each logged trajectory is readable back from its blob, with its steps' versions
+    with store.engine.connect() as c:
+        uris = [u for (u,) in c.exec_driver_sql("SELECT uri FROM rollout_run")]
+    trajs = [store.blobs.read(u) for u in uris]
+    assert {t.group_size for t in trajs} == {2}
+    assert Counter(t.group_id for t in trajs).most_common(1)[0][1] == 2
+    assert all(t.status in (Status.OK, Status.TRUNCATED) for t in trajs)
+    assert all(s.weight_version == 0 and len(s.response_ids) > 0 for t in trajs for s in t.steps)
+    assert 0 < report.occupancy <= 1
+    for s in sessions:
+        ray.kill(s)
+    ray.kill(r)
+    serve.delete("policy-roll")
+    store.dispose()
+
+
+def test_a_crashed_session_aborts_the_episode_and_it_is_retried(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    cfg = _config(
+        tmp_path,
+        "env.kind=tests.actors.crashing_env:CrashOnceEnv",
+        "curation.dynamic_rollouts=false",
+        "rollout.max_steps=4",
+        "env.num_sessions=1",
+        "rollout.in_flight=1",
+        "rollout.n_rollouts=1",
+    )
+    store = open_store(cfg, init=True)
+    run_policy(cfg.policy, tiny_model_dir, name="policy-kill", route_prefix="/kill")
+    [session] = start_sessions(cfg.env, prefix="kill")
+    base = load_tasks(split="train")[0]
+    marker = tmp_path / "crashed"
+    task = replace(base, config={**base.config, "crash_marker": str(marker)})
+    r = Rollouter.remote(cfg, "run-k", [task], [session], "policy-kill")  # type: ignore[attr-defined]
+    report = ray.get(r.run.remote(max_groups=1))
+    assert marker.exists()  # it did crash
+    assert report.logged[Status.ABORTED.value] == 1  # recorded, never as a reward-0 failure
+    assert report.groups_completed == 1 and report.started == 2
+    with store.engine.connect() as c:
+        rows = c.exec_driver_sql("SELECT status, trace_id FROM rollout_run ORDER BY id").all()
+    assert next(r[0] for r in rows) == "ABORTED" and rows[1][0] in ("OK", "TRUNCATED")
+    assert len({r[1] for r in rows}) == 1  # the retry shares the first attempt's trace id
+    ray.kill(session)
+    ray.kill(r)
+    serve.delete("policy-kill")
+    store.dispose()
+
+
+def test_tiny_pixels_fixture_matches_the_sessions() -> None:
+    assert TINY_TEST_PIXELS[1] >= 112 * 112  # 112x112 screens stay 16 tokens, not shrunk
