@@ -164,6 +164,7 @@ class Curator:
         m = asdict(self.core.metrics)
         m["dropped"] = dict(self.core.metrics.dropped)
         m["staleness"] = dict(self.core.metrics.staleness)
+        m["in_flight_steps"] = len(self.core.in_flight)
         return m
 
     async def shutdown(self) -> int:

@@ -183,6 +183,11 @@ def build_parser() -> argparse.ArgumentParser:
     status.set_defaults(fn=cmd_status)
 
     from dart_ray.actions import MAX_PIXELS, MIN_PIXELS
+    from dart_ray.cli_train import add_parser as add_train
+    from dart_ray.cli_train import add_sft_eval
+
+    add_train(sub, _add_config_args, _load)
+    add_sft_eval(sub, _add_config_args, _load)
 
     model = sub.add_parser("model", help="policy models")
     model_sub = model.add_subparsers(dest="action", required=True)

@@ -44,6 +44,12 @@ class RunConfig(_Section):
     """`decoupled`: rollout and training overlap (DART). `sync`: the synchronous baseline."""
     max_versions: int = Field(default=20, ge=1)
     """Stop after this many weight versions have been published."""
+    max_minutes: float = Field(default=60.0, gt=0)
+    """Wall-clock budget: training stops cleanly (a final durable version) when it runs out."""
+    eval_tasks: int = Field(default=16, ge=0)
+    """Held-out tasks played greedily before and after training for the report (0: skip)."""
+    resume: bool = False
+    """Continue `run_id` from its newest durable checkpoint and its unconsumed buffer."""
 
     @field_validator("run_id")
     @classmethod
@@ -112,7 +118,9 @@ class EnvConfig(_Section):
     kind: str = "minidesk"
     """Environment kind: a registered name or an import path `pkg.mod:Class`."""
     tasks: Path | None = None
-    """JSONL task file; unset means the environment's built-in suite."""
+    """JSONL task file to train on; unset means the environment's built-in training split."""
+    heldout_tasks: Path | None = None
+    """JSONL task file to evaluate on; unset means the environment's built-in held-out split."""
     num_sessions: int = Field(default=4, ge=1)
     """EnvSession actors in the pool."""
     screen_width: int = Field(default=320, ge=28)
@@ -193,7 +201,9 @@ class PolicyConfig(_Section):
 
 class RolloutConfig(_Section):
     in_flight: int = Field(default=8, ge=1)
-    """Trajectories kept in flight at once across the session pool (K)."""
+    """Trajectories kept in flight at once by each rollouter (K)."""
+    rollouters: int = Field(default=1, ge=1)
+    """Rollouter actors; tasks and sessions are sharded between them, all feed one curator."""
     n_rollouts: int = Field(default=8, ge=1)
     """Default rollouts per task (the GRPO group size)."""
     max_steps: int = Field(default=8, ge=1)

@@ -80,9 +80,13 @@ def _sampling(body: dict[str, Any], defaults: SamplingParams) -> SamplingParams:
 @serve.deployment(name="PolicyServer")
 @serve.ingress(http)
 class PolicyServer:
-    async def __init__(self, cfg: dict[str, Any], model_path: str) -> None:
+    async def __init__(
+        self, cfg: dict[str, Any], model_path: str, initial_version: int = 0
+    ) -> None:
         self.cfg = PolicyConfig.model_validate(cfg)
         self.engine = make_engine(self.cfg, model_path)
+        # the weights in `model_path` are this version (a checkpoint when a run resumes)
+        self.engine.gate.version = initial_version
         self.model_path = model_path
         self.defaults = SamplingParams(
             self.cfg.temperature, self.cfg.top_p, self.cfg.max_new_tokens
@@ -215,7 +219,9 @@ class PolicyServer:
         }
 
 
-def build_app(cfg: PolicyConfig, model_path: str | Path) -> serve.Application:
+def build_app(
+    cfg: PolicyConfig, model_path: str | Path, initial_version: int = 0
+) -> serve.Application:
     """The policy application with replicas, autoscaling and resources from `cfg`."""
     options: dict[str, Any] = {
         "ray_actor_options": {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus},
@@ -235,7 +241,7 @@ def build_app(cfg: PolicyConfig, model_path: str | Path) -> serve.Application:
     else:
         options["num_replicas"] = cfg.replicas
     deployment = PolicyServer.options(**options)
-    return deployment.bind(cfg.model_dump(mode="json"), str(model_path))
+    return deployment.bind(cfg.model_dump(mode="json"), str(model_path), initial_version)
 
 
 def run_policy(

@@ -142,5 +142,7 @@ def response_logprobs(
     logp_all = torch.log_softmax(sel, dim=-1)
     logp = logp_all.gather(-1, mb.response_ids.unsqueeze(-1)).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all.clamp(min=-1e30)).sum(-1)  # 0 * -inf -> 0
-    mask = mb.response_mask.to(logp.dtype)
-    return logp * mask, (entropy * mask).detach()
+    # padding may hold a suppressed id (log-prob -inf): select, never multiply by the mask
+    real = mb.response_mask.bool()
+    zero = torch.zeros((), dtype=logp.dtype)
+    return torch.where(real, logp, zero), torch.where(real, entropy, zero).detach()

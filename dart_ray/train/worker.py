@@ -269,6 +269,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             save = nxt % c.train.save_every == 0 or nxt >= c.run.max_versions
             metrics["sync_s"] = sync(bump=True, save=save)
         metrics["version"] = version
+        if rank == 0:
+            control.record.remote(metrics)
         ray.train.report(metrics)
 
     # Stopped early: what was trained since the last sync or save becomes durable.

@@ -124,3 +124,37 @@ def test_split_micro_respects_the_token_budget() -> None:
     b = pa.RecordBatch.from_pydict(rows)
     # budgets: 12 + 12 = 24 <= 30 ; 32 alone (over budget but a sample is never split) ; 7
     assert [s.num_rows for s in split_micro(b, 30)] == [2, 1, 1]
+
+
+def test_padding_with_a_suppressed_id_never_makes_nan(
+    engine: HFEngine, tiny_model_dir: Path
+) -> None:
+    """The pad token is special, hence suppressed (log-prob -inf): padded positions of a
+    shorter response must read 0, not -inf * 0 = nan."""
+    batch = samples(engine, [1.0, -1.0])
+    short = batch.column("response_ids").to_pylist()
+    short[1] = short[1][:1]
+    lp = batch.column("behaviour_logprobs").to_pylist()
+    lp[1] = lp[1][:1]
+    batch = batch.set_column(
+        batch.schema.get_field_index("response_ids"),
+        "response_ids",
+        pa.array(short, pa.list_(pa.int32())),
+    )
+    batch = batch.set_column(
+        batch.schema.get_field_index("behaviour_logprobs"),
+        "behaviour_logprobs",
+        pa.array(lp, pa.list_(pa.float32())),
+    )
+    batch = batch.set_column(
+        batch.schema.get_field_index("loss_mask"),
+        "loss_mask",
+        pa.array([[1] * len(r) for r in short], pa.list_(pa.int8())),
+    )
+    proc = PolicyProcessor.from_dir(tiny_model_dir)
+    assert proc.pad_id in proc.suppressed_ids()
+    model = load_model(tiny_model_dir)
+    mb = collate(batch, proc.image_processor, image_pad_id=proc.image_pad_id, pad_id=proc.pad_id)
+    logp, ent = response_logprobs(model, mb, 1.0, torch.tensor(proc.suppressed_ids()))
+    assert torch.isfinite(logp).all() and torch.isfinite(ent).all()
+    assert logp[1, 1:].abs().sum() == 0

@@ -1,0 +1,145 @@
+"""`dart-ray train`: run the main job with live progress and the final report."""
+
+from __future__ import annotations
+
+import argparse
+
+import ray
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from dart_ray.config import Config
+
+
+def run_train(config: Config, out: Console) -> int:
+    from dart_ray import driver, runtime
+    from dart_ray.report import render
+
+    progress = Progress(
+        TextColumn("{task.description:<14}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=out,
+        transient=False,
+    )
+    bars: dict[str, int] = {}
+
+    def tick(parts: runtime.Parts) -> None:
+        if not bars:
+            bars["trajectories"] = progress.add_task("trajectories", total=None)
+            bars["train steps"] = progress.add_task("train steps", total=None)
+            bars["versions"] = progress.add_task("versions", total=config.run.max_versions)
+        stats = ray.get([r.stats.remote() for r in parts.rollouters])
+        history = ray.get(parts.control.history.remote())
+        progress.update(bars["trajectories"], completed=sum(sum(s.logged.values()) for s in stats))
+        progress.update(bars["train steps"], completed=len(history))
+        progress.update(
+            bars["versions"], completed=int(history[-1].get("version", 0)) if history else 0
+        )
+
+    with progress:
+        report = driver.train(config, on_tick=tick)
+    render(report, out)
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction, add_config_args, load) -> None:  # type: ignore[type-arg,no-untyped-def]
+    p = sub.add_parser("train", help="train a policy (the main job)")
+    p.add_argument("--resume", metavar="RUN_ID", default=None, help="continue this run")
+    add_config_args(p)
+
+    def fn(args: argparse.Namespace, out: Console) -> int:
+        overrides = list(args.overrides)
+        if args.resume:
+            overrides += [f"run.run_id={args.resume}", "run.resume=true"]
+            args.overrides = overrides
+        return run_train(load(args), out)
+
+    p.set_defaults(fn=fn)
+
+
+def add_sft_eval(sub: argparse._SubParsersAction, add_config_args, load) -> None:  # type: ignore[type-arg,no-untyped-def]
+    """`dart-ray sft` and `dart-ray eval`."""
+    from pathlib import Path
+
+    p = sub.add_parser("sft", help="warm-start a model on MiniDesk oracle demonstrations")
+    p.add_argument("--base", type=Path, default=None, help="model folder (default: build tiny)")
+    p.add_argument("--out", type=Path, required=True, help="folder for the fine-tuned model")
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--tasks", type=int, default=200, help="training tasks to demonstrate")
+    add_config_args(p)
+
+    def sft_fn(args: argparse.Namespace, out: Console) -> int:
+        import tempfile
+
+        from dart_ray.envs.minidesk.generate import load_tasks
+        from dart_ray.models.tiny import save_tiny_model
+        from dart_ray.sft import sft
+
+        cfg = load(args)
+        base = args.base
+        if base is None:
+            base = save_tiny_model(Path(tempfile.mkdtemp(prefix="dart-tiny-")))
+        tasks = load_tasks(cfg.env.tasks, "train")[: args.tasks]
+        r = sft(
+            base,
+            args.out,
+            tasks,
+            cfg.env,
+            steps=args.steps,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            seed=cfg.run.seed,
+            history_images=cfg.policy.history_images,
+        )
+        out.print(
+            f"wrote {r.out}: {r.steps} steps over {r.demonstrations} demonstrations, "
+            f"final loss {r.final_loss:.3f}, {r.seconds:.0f} s"
+        )
+        return 0
+
+    p.set_defaults(fn=sft_fn)
+
+    e = sub.add_parser("eval", help="success rate of a model on a task suite")
+    e.add_argument("--checkpoint", type=Path, required=True, help="model folder")
+    e.add_argument("--suite", default="heldout", help="'train', 'heldout' or a JSONL file")
+    e.add_argument("--tasks", type=int, default=0, help="evaluate the first N tasks (0: all)")
+    e.add_argument("--samples", type=int, default=1, help="episodes per task (pass@k)")
+    e.add_argument("--json", type=Path, default=None, help="also write the result here")
+    add_config_args(e)
+
+    def eval_fn(args: argparse.Namespace, out: Console) -> int:
+        import json
+
+        from dart_ray.evaluation import run_eval
+
+        cfg = load(args)
+        res = run_eval(cfg, args.checkpoint, args.suite, args.tasks, args.samples)
+        t = Table("task", "episodes", "success", title=f"{args.checkpoint} on {args.suite}")
+        for task_id, rewards in sorted(res.per_task.items()):
+            wins = sum(r >= res.success_threshold for r in rewards)
+            t.add_row(task_id, str(len(rewards)), f"{wins}/{len(rewards)}")
+        out.print(t)
+        summary = {
+            "checkpoint": str(args.checkpoint),
+            "suite": args.suite,
+            "tasks": len(res.per_task),
+            "episodes": res.episodes,
+            "success": res.success(1),
+            f"pass@{args.samples}": res.success(args.samples),
+            "aborted": res.aborted,
+            "per_task": res.per_task,
+        }
+        out.print(
+            f"success {summary['success']:.1%} over {summary['tasks']} tasks"
+            + (f", pass@{args.samples} {res.success(args.samples):.1%}" if args.samples > 1 else "")
+        )
+        if args.json:
+            args.json.write_text(json.dumps(summary, indent=2) + "\n")
+        return 0
+
+    e.set_defaults(fn=eval_fn)

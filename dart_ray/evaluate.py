@@ -1,0 +1,79 @@
+"""Success rate of the served policy on a task suite: greedy episodes, no logging.
+
+The same episode code as training plays each task (so the 7B model and the tiny one are
+measured the same way); sampling is greedy unless `samples > 1`, which gives pass@k.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from dart_ray.engines.base import SamplingParams
+from dart_ray.records import Status, Task
+from dart_ray.rollout.episode import EpisodeSettings, Policy, RaySession, Slot, run_episode
+
+
+@dataclass
+class EvalResult:
+    per_task: dict[str, list[float]] = field(default_factory=dict)
+    """Rewards of every episode of each task."""
+    aborted: int = 0
+    """Episodes the environment aborted (retried; not scored)."""
+    unscored: list[str] = field(default_factory=list)
+    """Tasks whose every attempt aborted: left out of the success rate, named here."""
+    success_threshold: float = 1.0
+
+    def success(self, k: int = 1) -> float:
+        """Fraction of tasks solved within their first k episodes (pass@k; k=1: success rate)."""
+        if not self.per_task:
+            return 0.0
+        solved = [any(r >= self.success_threshold for r in rs[:k]) for rs in self.per_task.values()]
+        return sum(solved) / len(solved)
+
+    @property
+    def episodes(self) -> int:
+        return sum(len(v) for v in self.per_task.values())
+
+
+async def evaluate(
+    sessions: Sequence[object],
+    policy: Policy,
+    tasks: Sequence[Task],
+    settings: EpisodeSettings,
+    *,
+    samples: int = 1,
+    success_threshold: float = 1.0,
+    max_aborts: int = 2,
+    wrap: bool = True,
+) -> EvalResult:
+    """Play every task `samples` times over the sessions (greedy for a single sample).
+    `wrap`: the sessions are EnvSession actor handles (else objects with the Session API)."""
+    if samples == 1:
+        base = settings.sampling or SamplingParams()
+        settings = EpisodeSettings(
+            **{**settings.__dict__, "sampling": SamplingParams(0.0, 1.0, base.max_new_tokens)}
+        )
+    result = EvalResult(success_threshold=success_threshold)
+    idle: asyncio.Queue[object] = asyncio.Queue()
+    for s in sessions:
+        idle.put_nowait(s)
+
+    async def one(task: Task, k: int) -> None:
+        for _ in range(max_aborts + 1):
+            session = await idle.get()
+            try:
+                slot = Slot(f"eval/{task.task_id}#{k}", 1, "", -1, "eval")
+                env = RaySession(session) if wrap else session
+                t = await run_episode(env, policy, task, slot, settings)  # type: ignore[arg-type]
+            finally:
+                idle.put_nowait(session)
+            if t.status is not Status.ABORTED:
+                result.per_task.setdefault(task.task_id, []).append(t.reward)
+                return
+            result.aborted += 1
+        result.unscored.append(task.task_id)
+
+    await asyncio.gather(*(one(t, k) for t in tasks for k in range(samples)))
+    return result

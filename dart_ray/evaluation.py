@@ -1,0 +1,101 @@
+"""`dart-ray eval` in one process: the model in a local engine, environments in threads.
+
+The episodes run through the same `run_episode` as training (same prompts, parsing and
+coordinate mapping); only the transport differs: no Ray, no Serve, so an evaluation starts
+in seconds. `dart_ray.evaluate` does the scheduling and scoring.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from dart_ray.config import Config
+from dart_ray.engines import make_engine
+from dart_ray.engines.base import Engine, GenerateRequest, Generation, SamplingParams
+from dart_ray.envs.base import EnvAborted, EnvInputError, StepResult, make_env
+from dart_ray.evaluate import EvalResult, evaluate
+from dart_ray.records import Observation, Task
+from dart_ray.rollout.episode import EpisodeSettings
+
+
+class LocalSession:
+    """An environment in this process, with EnvSession's contract: failures -> EnvAborted."""
+
+    def __init__(self, config: Config) -> None:
+        self.env = make_env(config.env)
+
+    async def _call(self, what: str, fn, *args):  # type: ignore[no-untyped-def]
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except EnvInputError:
+            raise
+        except Exception as e:
+            raise EnvAborted(f"{what} failed: {type(e).__name__}: {e}") from e
+
+    async def reset(self, task: Task) -> Observation:
+        return await self._call("reset", self.env.reset, task)  # type: ignore[no-any-return]
+
+    async def step(self, action: object) -> StepResult:
+        return await self._call("step", self.env.step, action)  # type: ignore[no-any-return]
+
+    async def evaluate(self) -> float:
+        return await self._call("evaluate", self.env.evaluate)  # type: ignore[no-any-return]
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.env.close)
+
+
+class LocalPolicy:
+    def __init__(self, engine: Engine, defaults: SamplingParams) -> None:
+        self.engine = engine
+        self.defaults = defaults
+
+    async def generate(self, request: GenerateRequest) -> Generation:
+        prepared = self.engine.prepare(request, self.defaults)
+        return (await self.engine.generate([prepared]))[0]
+
+
+def _suite(config: Config, suite: str) -> list[Task]:
+    from dart_ray.envs.minidesk.generate import load_tasks
+    from dart_ray.runtime import load_suite
+
+    if suite in ("train", "heldout"):
+        return load_suite(config, suite)
+    return load_tasks(Path(suite), "heldout")
+
+
+def run_eval(
+    config: Config, checkpoint: Path, suite: str, n_tasks: int = 0, samples: int = 1
+) -> EvalResult:
+    tasks = _suite(config, suite)
+    if n_tasks:
+        tasks = tasks[:n_tasks]
+    p = config.policy
+    engine = make_engine(p, checkpoint)
+    defaults = SamplingParams(p.temperature, p.top_p, p.max_new_tokens)
+    settings = EpisodeSettings(
+        max_steps=config.rollout.max_steps,
+        sampling=defaults,
+        history_images=p.history_images,
+        history_turns=p.history_turns,
+        on_invalid=config.rollout.on_invalid_action,
+    )
+
+    async def go() -> EvalResult:
+        sessions = [LocalSession(config) for _ in range(max(1, min(config.env.num_sessions, 4)))]
+        try:
+            return await evaluate(
+                sessions,
+                LocalPolicy(engine, defaults),
+                tasks,
+                settings,
+                samples=samples,
+                success_threshold=config.rollout.success_threshold,
+                wrap=False,
+            )
+        finally:
+            for s in sessions:
+                await s.close()
+
+    return asyncio.run(go())

@@ -1,0 +1,168 @@
+"""The end-of-run report: numbers, a table, a JSON file, a curve and TensorBoard events.
+
+Written to the run folder: `report.json`, `curve.png` (mean sampled reward per training step,
+with held-out success before and after), and `tb/` (TensorBoard event files of every
+trainer step).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import ray
+from PIL import Image, ImageDraw
+from rich.console import Console
+from rich.table import Table
+
+from dart_ray.evaluate import EvalResult
+
+if TYPE_CHECKING:
+    from dart_ray.runtime import Parts
+
+
+@dataclass
+class RunReport:
+    run_id: str
+    mode: str
+    wall_s: float
+    heldout_before: float | None
+    heldout_after: float | None
+    heldout_tasks: int
+    trajectories: dict[str, int]
+    groups_completed: int
+    train_steps: int
+    versions: int
+    samples_trained: int
+    rows_trained: int
+    dropped: dict[str, int]
+    env_utilisation: float
+    trainer_utilisation: float
+    sync_count: int
+    sync_latency_mean_s: float
+    sync_latency_max_s: float
+    rewards: list[float] = field(default_factory=list)
+    run_dir: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def build_report(
+    parts: Parts, before: EvalResult | None, after: EvalResult | None, wall_s: float
+) -> RunReport:
+    history: list[dict[str, float]] = ray.get(parts.control.history.remote())
+    stats = ray.get([r.stats.remote() for r in parts.rollouters])
+    cur = ray.get(parts.curator.metrics.remote())
+    trajectories: dict[str, int] = {}
+    for s in stats:
+        for k, v in s.logged.items():
+            trajectories[k] = trajectories.get(k, 0) + v
+    episode_s = sum(s.episode_s for s in stats)
+    session_s = sum(s.wall_s * s.sessions for s in stats)
+    syncs = [h["sync_s"] for h in history if "sync_s" in h]
+    busy = sum(h.get("step_s", 0.0) + h.get("sync_s", 0.0) for h in history)
+    report = RunReport(
+        run_id=parts.run_id,
+        mode=parts.config.run.mode,
+        wall_s=wall_s,
+        heldout_before=before.success() if before else None,
+        heldout_after=after.success() if after else None,
+        heldout_tasks=len(before.per_task) if before else 0,
+        trajectories=trajectories,
+        groups_completed=sum(s.groups_completed for s in stats),
+        train_steps=len(history),
+        versions=int(max((h.get("version", 0) for h in history), default=0)),
+        samples_trained=int(sum(h.get("samples", 0) for h in history)),
+        rows_trained=int(cur["rows_trained"]),
+        dropped=dict(cur["dropped"]),
+        env_utilisation=episode_s / session_s if session_s else 0.0,
+        trainer_utilisation=busy / wall_s if wall_s else 0.0,
+        sync_count=len(syncs),
+        sync_latency_mean_s=sum(syncs) / len(syncs) if syncs else 0.0,
+        sync_latency_max_s=max(syncs, default=0.0),
+        rewards=[float(h.get("mean_reward", 0.0)) for h in history],
+        run_dir=str(parts.run_dir),
+    )
+    write(report, history, parts.run_dir)
+    return report
+
+
+def write(report: RunReport, history: list[dict[str, float]], run_dir: Path) -> None:
+    (run_dir / "report.json").write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    draw_curve(report, run_dir / "curve.png")
+    from tensorboardX import SummaryWriter
+
+    with SummaryWriter(str(run_dir / "tb")) as tb:
+        for i, h in enumerate(history):
+            for k, v in h.items():
+                tb.add_scalar(f"train/{k}", float(v), i + 1)
+        for name, value in (("before", report.heldout_before), ("after", report.heldout_after)):
+            if value is not None:
+                tb.add_scalar(
+                    f"heldout/success_{name}", value, 0 if name == "before" else len(history)
+                )
+
+
+def draw_curve(report: RunReport, out: Path, size: tuple[int, int] = (640, 360)) -> None:
+    """Mean sampled reward per training step, and held-out success before/after."""
+    w, h = size
+    pad = 40
+    im = Image.new("RGB", size, "white")
+    d = ImageDraw.Draw(im)
+    d.rectangle((pad, pad // 2, w - pad // 2, h - pad), outline="black")
+    d.text((pad, 4), f"{report.run_id} ({report.mode}): mean reward per step", fill="black")
+    d.text((4, pad // 2), "1", fill="black")
+    d.text((4, h - pad - 8), "0", fill="black")
+    d.text((w - 3 * pad, h - pad + 8), f"step {len(report.rewards)}", fill="black")
+
+    def xy(i: int, v: float, n: int) -> tuple[float, float]:
+        x = pad + (w - 1.5 * pad) * (i / max(n - 1, 1))
+        y = (h - pad) - (h - 1.5 * pad) * min(max(v, 0.0), 1.0)
+        return x, y
+
+    pts = [xy(i, r, len(report.rewards)) for i, r in enumerate(report.rewards)]
+    if len(pts) > 1:
+        d.line(pts, fill=(30, 90, 200), width=2)
+    for label, value, x in (
+        ("before", report.heldout_before, pad + 4),
+        ("after", report.heldout_after, w - 2.5 * pad),
+    ):
+        if value is not None:
+            _, y = xy(0, value, 1)
+            d.line((x, y, x + 20, y), fill=(200, 60, 30), width=3)
+            d.text((x, y - 14), f"held-out {label} {value:.0%}", fill=(200, 60, 30))
+    im.save(out)
+
+
+def render(report: RunReport, console: Console) -> None:
+    t = Table(title=f"run {report.run_id} ({report.mode})", show_header=False)
+
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1%}"
+
+    t.add_row(
+        "held-out success before -> after",
+        f"{pct(report.heldout_before)} -> {pct(report.heldout_after)} ({report.heldout_tasks} tasks)",
+    )
+    t.add_row(
+        "trajectories", ", ".join(f"{k} {v}" for k, v in sorted(report.trajectories.items())) or "0"
+    )
+    t.add_row("groups completed", str(report.groups_completed))
+    t.add_row("train steps / versions", f"{report.train_steps} / {report.versions}")
+    t.add_row("samples trained (rows)", f"{report.samples_trained} ({report.rows_trained})")
+    t.add_row(
+        "dropped by reason",
+        ", ".join(f"{k} {v}" for k, v in sorted(report.dropped.items())) or "none",
+    )
+    t.add_row("environment utilisation", pct(report.env_utilisation))
+    t.add_row("trainer utilisation", pct(report.trainer_utilisation))
+    t.add_row(
+        "weight syncs (mean / max latency)",
+        f"{report.sync_count} ({report.sync_latency_mean_s:.2f} s / {report.sync_latency_max_s:.2f} s)",
+    )
+    t.add_row("wall time", f"{report.wall_s:.0f} s")
+    t.add_row("outputs", f"{report.run_dir}/report.json, curve.png, tb/")
+    console.print(t)

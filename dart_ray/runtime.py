@@ -1,0 +1,238 @@
+"""Set-up and tear-down of a run's parts on Ray, so that the driver's loop reads in one screen.
+
+`start(config)` connects to (or starts) Ray, opens the run in the durable log, finds or builds
+the model, and starts the policy server (Ray Serve), the environment sessions, the curator,
+the run control and the rollouter(s). Each part is a named actor in the run's namespace, so
+an operator can find it on the dashboard and a resumed run can replace it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+from ray.train import RunConfig, ScalingConfig
+from ray.train.torch import TorchConfig, TorchTrainer
+
+from actors.control import RunControl
+from actors.curator import Curator
+from actors.env_session import start_sessions
+from actors.rollouter import Rollouter
+from dart_ray.config import Config, ConfigError
+from dart_ray.engines.base import SamplingParams
+from dart_ray.evaluate import EvalResult, evaluate
+from dart_ray.records import Task
+from dart_ray.rollout.episode import EpisodeSettings, ServePolicy
+from dart_ray.store import Store, open_store
+from dart_ray.store.runs import register_run
+from dart_ray.train.checkpointing import TrainerState
+from dart_ray.train.worker import TrainJob, resume_point, train_loop_per_worker
+
+log = logging.getLogger(__name__)
+
+
+def new_run_id(config: Config) -> str:
+    return config.run.run_id or f"{config.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def start_ray(config: Config) -> None:
+    if ray.is_initialized():
+        return
+    c = config.cluster
+    if c.address:
+        ray.init(address=c.address, namespace=c.namespace)
+        return
+    ray.init(
+        num_cpus=c.num_cpus,
+        namespace=c.namespace,
+        include_dashboard=True,
+        dashboard_host=c.dashboard_host,
+        resources={config.env.resource: 10_000} if config.env.resource else None,
+        log_to_driver=False,
+    )
+
+
+def load_suite(config: Config, split: str) -> list[Task]:
+    """Training or held-out tasks: the configured JSONL file, else the env's shipped split."""
+    from dart_ray.envs.minidesk.generate import load_tasks
+
+    path = config.env.tasks if split == "train" else config.env.heldout_tasks
+    if path is not None:
+        return load_tasks(path, split)
+    if config.env.kind == "minidesk":
+        return load_tasks(split=split)
+    key = "env.tasks" if split == "train" else "env.heldout_tasks"
+    raise ConfigError(f"{key} is required for env.kind {config.env.kind!r} (no built-in suite)")
+
+
+def prepare_model(config: Config, run_dir: Path) -> Path:
+    """The configured model folder, or the tiny model built once into the run folder."""
+    if config.policy.model_path is not None:
+        return config.policy.model_path
+    out = run_dir / "base-model"
+    if not (out / "config.json").is_file():
+        from dart_ray.models.tiny import save_tiny_model
+
+        save_tiny_model(out)
+    return out
+
+
+@dataclass
+class Parts:
+    config: Config
+    run_id: str
+    run_dir: Path
+    store: Store
+    model_dir: Path
+    policy: DeploymentHandle
+    sessions: list[Any]
+    curator: Any
+    control: Any
+    rollouters: list[Any]
+    tasks: list[Task]
+    heldout: list[Task]
+    start: TrainerState = field(default_factory=lambda: TrainerState(0, 0))
+    app: str = ""
+
+    def names(self, part: str) -> str:
+        return f"{part}:{self.run_id}"
+
+    def trainer(self) -> TorchTrainer:
+        c = self.config
+        job = TrainJob(
+            config=c,
+            run_id=self.run_id,
+            model_dir=str(self.model_dir),
+            run_dir=str(self.run_dir),
+            curator=self.names("curator"),
+            policy_app=self.app,
+            control=self.names("control"),
+            namespace=c.cluster.namespace,
+            start=self.start,
+        )
+        return TorchTrainer(
+            train_loop_per_worker,
+            train_loop_config={"job": job},
+            scaling_config=ScalingConfig(
+                num_workers=c.train.num_workers,
+                use_gpu=c.train.use_gpu,
+                resources_per_worker={"CPU": c.train.cpus_per_worker},
+            ),
+            torch_config=TorchConfig(backend="nccl" if c.train.use_gpu else "gloo"),
+            run_config=RunConfig(storage_path=str(self.run_dir / "ray_train"), name="trainer"),
+        )
+
+    def evaluate(self, n: int) -> EvalResult | None:
+        if n <= 0 or not self.heldout:
+            return None
+        p = self.config.policy
+        settings = EpisodeSettings(
+            max_steps=self.config.rollout.max_steps,
+            sampling=SamplingParams(0.0, 1.0, p.max_new_tokens),
+            history_images=p.history_images,
+            history_turns=p.history_turns,
+            on_invalid=self.config.rollout.on_invalid_action,
+        )
+        return asyncio.run(
+            evaluate(
+                self.sessions,
+                ServePolicy(self.policy),
+                self.heldout[:n],
+                settings,
+                success_threshold=self.config.rollout.success_threshold,
+            )
+        )
+
+
+def start(config: Config) -> Parts:
+    """Bring up every part of a run (or of a resumed run)."""
+    run_id = new_run_id(config)
+    run_dir = (config.run.root_dir / run_id).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    store = open_store(config, init=True)
+    register_run(store.engine, run_id, config.run.name, config.model_dump(mode="json"))
+    start_state = TrainerState(0, 0)
+    model_dir = prepare_model(config, run_dir)
+    if config.run.resume:
+        point = resume_point(store, run_id)
+        if point is not None:
+            model_dir, start_state = Path(point[0]), point[1]
+        # nothing else consumes this run now: rows the last trainer held go back at once
+        store.log.expire_leases(run_id, now=_far_future())
+    start_ray(config)
+    ns = config.cluster.namespace
+    app = f"policy-{run_id}"
+    serve.start(http_options={"host": config.policy.http_host, "port": config.policy.http_port})
+    from serve_apps.policy import build_app
+
+    policy = serve.run(
+        build_app(config.policy, model_dir, initial_version=start_state.version),
+        name=app,
+        route_prefix=f"/{app}",
+    )
+    sessions = start_sessions(config.env, prefix=f"env-{run_id}")
+    tasks, heldout = load_suite(config, "train"), _heldout(config)
+    parts = Parts(
+        config,
+        run_id,
+        run_dir,
+        store,
+        model_dir,
+        policy,
+        sessions,
+        None,
+        None,
+        [],
+        tasks,
+        heldout,
+        start_state,
+        app,
+    )
+    parts.curator = Curator.options(name=parts.names("curator"), namespace=ns).remote(
+        config, run_id, config.train.num_workers
+    )
+    parts.control = RunControl.options(name=parts.names("control"), namespace=ns).remote()
+    parts.rollouters = [
+        Rollouter.options(name=parts.names(f"rollouter-{i}"), namespace=ns).remote(
+            config,
+            run_id,
+            tasks,
+            sessions[i :: config.rollout.rollouters],
+            app,
+            (i, config.rollout.rollouters),
+        )
+        for i in range(config.rollout.rollouters)
+    ]
+    return parts
+
+
+def _heldout(config: Config) -> list[Task]:
+    try:
+        return load_suite(config, "heldout")
+    except ConfigError:
+        return []
+
+
+def _far_future() -> Any:
+    from datetime import datetime
+
+    return datetime(9999, 1, 1)
+
+
+def stop(parts: Parts) -> None:
+    """Release what the curator holds, stop every part, keep the log and the files."""
+    try:
+        ray.get(parts.curator.shutdown.remote(), timeout=60)
+    except (ray.exceptions.RayError, TimeoutError) as e:
+        log.warning("curator shutdown: %s", e)
+    for a in [*parts.rollouters, parts.curator, parts.control, *parts.sessions]:
+        ray.kill(a)
+    serve.delete(parts.app)
+    parts.store.dispose()

@@ -1,0 +1,168 @@
+"""`dart-ray sft`: a warm start from MiniDesk oracle demonstrations.
+
+The oracle plays training tasks; at every step the prompt is built exactly as a rollout
+builds it (same prompt text, history window, screenshots) and the target is the oracle's
+action in the UI-TARS format, with coordinates in the model's resized frame. Training
+minimises the negative log-likelihood of the response tokens with the same forward pass the
+RL trainer uses, so the warm-started policy emits the action grammar the rollouts parse.
+Stopping early leaves a policy with partial competence: the starting point RL improves on.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import shutil
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import torch
+
+from dart_ray.actions import CoordinateMap, format_response
+from dart_ray.config import EnvConfig
+from dart_ray.models.loading import PolicyProcessor, load_model
+from dart_ray.prompts import Turn, build_messages
+from dart_ray.records import SAMPLE_SCHEMA, ActionKind, Task
+from dart_ray.train.forward import collate, response_logprobs
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Demo:
+    prompt_ids: list[int]
+    response_ids: list[int]
+    images: list[bytes]
+
+
+def thought_for(kind: ActionKind) -> str:
+    """A short Thought; the action carries the grounding."""
+    return {ActionKind.FINISHED: "The task is done."}.get(kind, f"Next I {kind.value}.")
+
+
+def demonstrations(
+    tasks: Sequence[Task],
+    processor: PolicyProcessor,
+    env_config: EnvConfig,
+    *,
+    history_images: int = 1,
+    history_turns: int = 5,
+    max_steps: int = 8,
+) -> Iterator[Demo]:
+    """(prompt, oracle response) pairs from oracle episodes on MiniDesk tasks."""
+    from dart_ray.envs.minidesk.env import MiniDeskEnv
+    from dart_ray.envs.minidesk.oracle import oracle_action
+
+    env = MiniDeskEnv(env_config)
+    coords = CoordinateMap.for_screen(
+        env_config.screen_width,
+        env_config.screen_height,
+        processor.min_pixels,
+        processor.max_pixels,
+    )
+    eos = processor.tokenizer.eos_token
+    for task in tasks:
+        obs = env.reset(task)
+        turns = [Turn(obs.screenshot)]
+        for _ in range(max_steps):
+            action = oracle_action(env)
+            text = format_response(thought_for(action.kind), action, coords, box_tokens=False)
+            messages = build_messages(task.instruction, turns, history_images, history_turns)
+            enc = processor.encode(messages)
+            response = processor.tokenizer(text + eos, add_special_tokens=False)["input_ids"]
+            images = [t.screenshot for t in turns[-history_images:]]
+            yield Demo(list(enc.input_ids), list(response), images)
+            if action.kind in (ActionKind.FINISHED, ActionKind.CALL_USER):
+                break
+            result = env.step(action)
+            turns[-1] = Turn(turns[-1].screenshot, text)
+            turns.append(Turn(result.observation.screenshot))
+
+
+def _batch(demos: Sequence[Demo]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict(
+        {
+            "trajectory_id": ["sft"] * len(demos),
+            "task_id": ["sft"] * len(demos),
+            "step_idx": [0] * len(demos),
+            "weight_version": [0] * len(demos),
+            "prompt_ids": [d.prompt_ids for d in demos],
+            "response_ids": [d.response_ids for d in demos],
+            "behaviour_logprobs": [[0.0] * len(d.response_ids) for d in demos],
+            "loss_mask": [[1] * len(d.response_ids) for d in demos],
+            "advantage": [0.0] * len(demos),
+            "images": [d.images for d in demos],
+        },
+        schema=SAMPLE_SCHEMA,
+    )
+
+
+@dataclass
+class SFTResult:
+    out: Path
+    steps: int
+    demonstrations: int
+    final_loss: float
+    seconds: float
+
+
+def sft(
+    base: Path,
+    out: Path,
+    tasks: Sequence[Task],
+    env_config: EnvConfig,
+    *,
+    steps: int = 200,
+    batch_size: int = 16,
+    lr: float = 1e-3,
+    seed: int = 0,
+    history_images: int = 1,
+) -> SFTResult:
+    """Fine-tune the model in `base` on oracle demonstrations; write an HF folder to `out`."""
+    t0 = time.monotonic()
+    torch.manual_seed(seed)
+    processor = PolicyProcessor.from_dir(base)
+    model = load_model(base)
+    model.train()
+    rng = random.Random(seed)
+    order = list(tasks)
+    rng.shuffle(order)
+    pool = list(demonstrations(order, processor, env_config, history_images=history_images))
+    if not pool:
+        raise ValueError("no demonstrations: the task list is empty")
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    suppressed = torch.tensor(processor.suppressed_ids())
+    loss_v = float("nan")
+    for step in range(steps):
+        demos = rng.sample(pool, min(batch_size, len(pool)))
+        mb = collate(
+            _batch(demos),
+            processor.image_processor,
+            image_pad_id=processor.image_pad_id,
+            pad_id=processor.pad_id,
+        )
+        logp, _ = response_logprobs(model, mb, 1.0, suppressed)
+        mask = mb.response_mask.to(logp.dtype)
+        loss = -(logp * mask).sum() / mask.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        loss_v = float(loss)
+        if step % 50 == 0:
+            log.info("sft step %d loss %.3f", step, loss_v)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.eval()
+    model.save_pretrained(tmp)
+    processor.tokenizer.save_pretrained(tmp)
+    processor.image_processor.save_pretrained(tmp)
+    for extra in ("dart_ray_tiny.json", "generation_config.json"):
+        if (base / extra).is_file() and not (tmp / extra).is_file():
+            shutil.copy2(base / extra, tmp / extra)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return SFTResult(out, steps, len(pool), loss_v, time.monotonic() - t0)
