@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--height", type=int, default=768)
     ap.add_argument("--window-manager", default="openbox")
     ap.add_argument("--apps", default="", help="comma-separated apps started on every reset")
+    ap.add_argument("--root", type=Path, help="scratch folder (default: a new temporary one)")
     ap.add_argument("--token-env", help="environment variable holding the bearer token")
     ap.add_argument("--token-file", type=Path, help="file whose first line is the bearer token")
     a = ap.parse_args(argv)
@@ -140,7 +141,12 @@ def main(argv: list[str] | None = None) -> None:
     token = read_secret(a.token_env, a.token_file)
     if a.host not in ("127.0.0.1", "localhost", "::1") and not token:
         ap.error(f"refusing to serve code execution on {a.host} without a bearer token")
-    machine = Machine(a.width, a.height, a.window_manager, [s for s in a.apps.split(",") if s])
+    apps = [s for s in a.apps.split(",") if s]
+    if a.root is not None:
+        a.root.mkdir(parents=True, exist_ok=True)
+        machine = Machine(a.width, a.height, a.window_manager, apps, root=a.root)
+    else:
+        machine = Machine(a.width, a.height, a.window_manager, apps)
     machine.start()
     desk = Desktop(machine)
     server = ThreadingHTTPServer((a.host, a.port), make_handler(desk, token))
