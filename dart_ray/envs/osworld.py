@@ -25,7 +25,9 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -50,9 +52,11 @@ class OSWorldClient:
         if token:
             self.http.headers["Authorization"] = f"Bearer {token}"
 
-    def request(self, method: str, path: str, ok404: bool = False, **kw: Any) -> requests.Response:
+    def request(
+        self, method: str, path: str, ok404: bool = False, timeout: float | None = None, **kw: Any
+    ) -> requests.Response:
         try:
-            r = self.http.request(method, self.base + path, timeout=self.timeout, **kw)
+            r = self.http.request(method, self.base + path, timeout=timeout or self.timeout, **kw)
         except requests.RequestException as e:
             raise EnvCrashed(f"desktop server {self.base} did not answer {path}: {e}") from e
         if r.status_code >= 500:
@@ -92,7 +96,10 @@ class OSWorldClient:
         return None if r.status_code == 404 else r.json()["directory_tree"]
 
     def setup(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
-        return dict(self.request("POST", f"/setup/{endpoint}", json=body).json())
+        # setup steps may wait for an app's window (the server waits up to 10 s): a loaded
+        # machine must not turn a slow start into a crash, so they get at least 30 s
+        r = self.request("POST", f"/setup/{endpoint}", json=body, timeout=max(self.timeout, 30.0))
+        return dict(r.json())
 
     def upload(self, path: str, data: bytes) -> None:
         self.request(
@@ -104,7 +111,8 @@ class OSWorldClient:
 
     def reset(self, apps: list[str] | None) -> bool:
         """Our server's fresh-state reset; False where the server has none (a real VM)."""
-        r = self.request("POST", "/reset", ok404=True, json={} if apps is None else {"apps": apps})
+        body = {} if apps is None else {"apps": apps}
+        r = self.request("POST", "/reset", ok404=True, json=body, timeout=max(self.timeout, 30.0))
         return r.status_code != 404
 
     def crashed_apps(self) -> list[str] | None:
@@ -298,6 +306,7 @@ class LocalDesktopEnv(OSWorldEnv):
         self._token = secrets.token_urlsafe(24)
         self.token = self._token
         self._tree: dict[int, psutil.Process] = {}
+        self._root = Path(tempfile.mkdtemp(prefix="dart-desktop-"))
         self._proc = self._start_server()
         self._remember_tree()
 
@@ -309,6 +318,7 @@ class LocalDesktopEnv(OSWorldEnv):
             self.config.screen_height,
             self.options.window_manager,
             self._token,
+            root=self._root,
         )
         self.client = self._client(url)
         return proc
@@ -349,6 +359,7 @@ class LocalDesktopEnv(OSWorldEnv):
             if child.is_running():  # is_running() also guards against a reused pid
                 child.kill()
         self._tree = {}
+        shutil.rmtree(self._root, ignore_errors=True)
 
 
 def task_from_json(d: dict[str, Any], env: str = "desktop", split: str = "train") -> Task:

@@ -5,17 +5,24 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from dart_ray.envs.base import EnvCrashed
 
 
 def spawn_server(
-    width: int, height: int, window_manager: str, token: str, host: str = "127.0.0.1"
+    width: int,
+    height: int,
+    window_manager: str,
+    token: str,
+    host: str = "127.0.0.1",
+    root: Path | None = None,
 ) -> tuple[subprocess.Popen[str], str]:
     """(process, base URL) of a new `dart_ray.envs.desktop.server` with this bearer token.
 
     The token travels in the child's environment, never on its command line (which any
-    local user can read in `ps`)."""
+    local user can read in `ps`). `root` is the server's scratch folder (X auth, HOMEs); pass
+    one to be able to remove it even if the server dies without cleaning up."""
     cmd = [
         sys.executable,
         "-m",
@@ -32,6 +39,7 @@ def spawn_server(
         window_manager,
         "--token-env",
         "DART_DESKTOP_TOKEN",
+        *(["--root", str(root)] if root is not None else []),
     ]
     proc = subprocess.Popen(
         cmd,
