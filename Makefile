@@ -12,6 +12,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?= -m "not gpu"
+ARGS ?=
 
 .PHONY: run test lint install clean
 
@@ -25,8 +26,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/dart-ray db init
-	$(VENV)/bin/dart-ray status
+	$(VENV)/bin/dart-ray train $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

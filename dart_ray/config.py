@@ -121,6 +121,12 @@ class EnvConfig(_Section):
     """JSONL task file to train on; unset means the environment's built-in training split."""
     heldout_tasks: Path | None = None
     """JSONL task file to evaluate on; unset means the environment's built-in held-out split."""
+    families: tuple[str, ...] = ()
+    """Keep only tasks whose `config.family` is one of these (empty: all)."""
+    tiers: tuple[int, ...] = ()
+    """Keep only tasks whose `config.tier` is one of these (empty: all)."""
+    task_limit: int | None = Field(default=None, ge=1)
+    """Use only the first N tasks of each split after filtering (unset: all)."""
     num_sessions: int = Field(default=4, ge=1)
     """EnvSession actors in the pool."""
     screen_width: int = Field(default=320, ge=28)

@@ -60,22 +60,32 @@ def start_ray(config: Config) -> None:
 
 
 def load_suite(config: Config, split: str) -> list[Task]:
-    """Training or held-out tasks: the configured JSONL file, else the env's shipped split."""
+    """Training or held-out tasks (the configured JSONL file, else the env's shipped split),
+    filtered by `env.families` / `env.tiers` and cut to `env.task_limit`."""
     from dart_ray.envs.minidesk.generate import load_tasks
 
-    path = config.env.tasks if split == "train" else config.env.heldout_tasks
+    e = config.env
+    path = e.tasks if split == "train" else e.heldout_tasks
     if path is not None:
-        return load_tasks(path, split)
-    if config.env.kind == "minidesk":
-        return load_tasks(split=split)
-    key = "env.tasks" if split == "train" else "env.heldout_tasks"
-    raise ConfigError(f"{key} is required for env.kind {config.env.kind!r} (no built-in suite)")
+        tasks = load_tasks(path, split)
+    elif e.kind == "minidesk":
+        tasks = load_tasks(split=split)
+    else:
+        key = "env.tasks" if split == "train" else "env.heldout_tasks"
+        raise ConfigError(f"{key} is required for env.kind {e.kind!r} (no built-in suite)")
+    if e.families:
+        tasks = [t for t in tasks if t.config.get("family") in e.families]
+    if e.tiers:
+        tasks = [t for t in tasks if t.config.get("tier") in e.tiers]
+    if not tasks:
+        raise ConfigError(f"no {split} task is left after env.families / env.tiers filtering")
+    return tasks[: e.task_limit] if e.task_limit else tasks
 
 
 def prepare_model(config: Config, run_dir: Path) -> Path:
     """The configured model folder, or the tiny model built once into the run folder."""
     if config.policy.model_path is not None:
-        return config.policy.model_path
+        return config.policy.model_path.resolve()
     out = run_dir / "base-model"
     if not (out / "config.json").is_file():
         from dart_ray.models.tiny import save_tiny_model
