@@ -57,6 +57,7 @@ def settings_from_config(config: Config, run_id: str, num_ranks: int) -> Curator
             advantage_mode=config.algo.advantage,
             success_replay=cur.success_replay,
             entropy_top_fraction=cur.entropy_top_fraction,
+            drop_no_signal=cur.drop_no_signal,
         ),
     )
 

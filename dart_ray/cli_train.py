@@ -76,15 +76,15 @@ def add_sft_eval(sub: argparse._SubParsersAction, add_config_args, load) -> None
     def sft_fn(args: argparse.Namespace, out: Console) -> int:
         import tempfile
 
-        from dart_ray.envs.minidesk.generate import load_tasks
         from dart_ray.models.tiny import save_tiny_model
+        from dart_ray.runtime import load_suite
         from dart_ray.sft import sft
 
         cfg = load(args)
         base = args.base
         if base is None:
             base = save_tiny_model(Path(tempfile.mkdtemp(prefix="dart-tiny-")))
-        tasks = load_tasks(cfg.env.tasks, "train")[: args.tasks]
+        tasks = load_suite(cfg, "train")[: args.tasks]
         r = sft(
             base,
             args.out,

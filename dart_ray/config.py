@@ -233,6 +233,9 @@ class CurationConfig(_Section):
     """Drop trajectories whose oldest step is more than this many versions behind."""
     success_replay: bool = True
     """Give an all-fail group the newest success of its task (DART-GUI's experience replay)."""
+    drop_no_signal: bool = True
+    """Drop groups whose rewards are all equal (zero advantage: no policy gradient). Off, they
+    are trained anyway (only the KL term moves the weights): for pipeline tests."""
     entropy_top_fraction: float = Field(default=1.0, gt=0, le=1)
     """Keep this fraction of steps with the highest mean token entropy (1.0 keeps all)."""
     dynamic_rollouts: bool = True

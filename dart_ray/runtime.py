@@ -52,6 +52,7 @@ def start_ray(config: Config) -> None:
     ray.init(
         num_cpus=c.num_cpus,
         namespace=c.namespace,
+        _node_ip_address="127.0.0.1",  # a local Ray listens on loopback only
         include_dashboard=True,
         dashboard_host=c.dashboard_host,
         resources={config.env.resource: 10_000} if config.env.resource else None,

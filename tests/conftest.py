@@ -102,6 +102,7 @@ def ray_local() -> Iterator[None]:
             include_dashboard=False,
             namespace="dart-ray-tests",
             log_to_driver=False,
+            _node_ip_address="127.0.0.1",
         )
     yield
     if started:

@@ -1,0 +1,119 @@
+"""A real multi-node Ray cluster on this machine, for tests and benchmarks: one head and
+worker nodes started with `ray start --block`, each in its own process group, on loopback
+only, with a private temp folder. `stop()` kills exactly these processes (`ray stop` would
+kill every Ray on the machine, including the test session's own)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LocalCluster:
+    def __init__(self, ray_bin: str, env: dict[str, str] | None = None) -> None:
+        self.ray_bin = ray_bin
+        self.env = {**os.environ, **(env or {})}
+        self.tmp = Path(tempfile.mkdtemp(prefix="dart-ray-cluster-"))
+        self.gcs_port = free_port()
+        self.dashboard_port = free_port()
+        self.metrics_port = free_port()
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.gcs_port}"
+
+    @property
+    def dashboard(self) -> str:
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    def _start(self, args: list[str], log: str) -> None:
+        out = open(self.tmp / log, "wb")  # noqa: SIM115 (the node owns it)
+        self.procs.append(
+            subprocess.Popen(
+                [self.ray_bin, "start", "--block", "--node-ip-address=127.0.0.1", *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+            )
+        )
+
+    def start_head(self, num_cpus: float, resources: str = "{}") -> None:
+        self._start(
+            [
+                "--head",
+                f"--port={self.gcs_port}",
+                f"--dashboard-port={self.dashboard_port}",
+                "--dashboard-host=127.0.0.1",
+                "--include-dashboard=true",
+                f"--metrics-export-port={self.metrics_port}",
+                f"--num-cpus={num_cpus}",
+                f"--resources={resources}",
+                f"--temp-dir={self.tmp / 'ray'}",
+                "--disable-usage-stats",
+            ],
+            "head.log",
+        )
+        self._wait(f"{self.dashboard}/api/version", 120)
+
+    def add_node(self, num_cpus: float, resources: str = "{}") -> None:
+        self._start(
+            [
+                f"--address={self.address}",
+                f"--num-cpus={num_cpus}",
+                f"--resources={resources}",
+                f"--metrics-export-port={free_port()}",
+                "--disable-usage-stats",
+            ],
+            f"node{len(self.procs)}.log",
+        )
+
+    def wait_nodes(self, n: int, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            p = subprocess.run(
+                [self.ray_bin, "status", f"--address={self.address}"],
+                capture_output=True,
+                text=True,
+                env=self.env,
+            )
+            if p.stdout.count(" node_") >= n:
+                return
+            time.sleep(2)
+        raise TimeoutError(f"{n} nodes did not join within {timeout_s} s:\n{p.stdout}{p.stderr}")
+
+    def _wait(self, url: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                urllib.request.urlopen(url, timeout=2).read()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    log = (self.tmp / "head.log").read_text(errors="replace")[-2000:]
+                    raise TimeoutError(f"{url} did not answer in {timeout_s} s:\n{log}") from None
+                time.sleep(1)
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=30)
+        # workers a raylet spawned in sessions of their own still name our temp folder
+        subprocess.run(["pkill", "-KILL", "-f", str(self.tmp)], check=False)
+        shutil.rmtree(self.tmp, ignore_errors=True)
