@@ -40,6 +40,7 @@ from ray.serve.handle import DeploymentHandle
 from dart_ray.config import PolicyConfig
 from dart_ray.engines import make_engine
 from dart_ray.engines.base import GenerateRequest, Generation, SamplingParams
+from dart_ray.models.loading import check_model_dir
 from dart_ray.prompts import BadRequest, from_openai
 from dart_ray.weights import PackedWeights
 from serve_apps.weight_registry import WeightRegistry
@@ -216,7 +217,12 @@ class PolicyServer:
 
 
 def build_app(cfg: PolicyConfig, model_path: str | Path) -> serve.Application:
-    """The policy application with replicas, autoscaling and resources from `cfg`."""
+    """The policy application with replicas, autoscaling and resources from `cfg`.
+
+    The model folder is checked here, in the caller, so a wrong path fails at once with a
+    message naming the problem instead of as replicas that keep failing to start.
+    """
+    model_path = check_model_dir(model_path)
     options: dict[str, Any] = {
         "ray_actor_options": {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus},
         "max_ongoing_requests": max(cfg.max_ongoing_requests, cfg.max_batch_size),
