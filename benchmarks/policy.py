@@ -1,0 +1,267 @@
+"""Benchmark the policy server: actions/s with and without batching, and weight-update cost.
+
+    .venv/bin/python benchmarks/policy.py            # full run (about 10 minutes on 2 cores)
+    .venv/bin/python benchmarks/policy.py --quick    # smaller sizes, shorter windows
+
+1. Actions/s at 1, 8 and 32 concurrent clients through a real Serve handle, one replica on one
+   CPU, the tiny model on a 320x240 screenshot with UI-TARS's pixel budget (108 image tokens),
+   24 sampled tokens per action; batched (`serve.batch`, up to 32) against unbatched
+   (max_batch_size 1: concurrent requests still overlap, each with its own forward passes).
+2. Weight update latency against model size (~10M, ~100M, ~500M parameters, fp32) for
+   - the object-store path: `ray.put(pack(state_dict))` + `update_weights` through Serve to a
+     running replica, which loads in place (what dart-ray does);
+   - a plain `ray.put` of the dict of torch tensors, fetched and loaded the same way;
+   - the DART-GUI path: save an HF checkpoint, then a fresh process builds the engine from it;
+   - the memory-copy floor: one `copy_` of the same bytes into a preallocated state dict.
+Prints a table and writes JSON to benchmarks/results/policy.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+from ray import serve
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from dart_ray.config import PolicyConfig  # noqa: E402
+from dart_ray.engines.base import GenerateRequest, SamplingParams  # noqa: E402
+from dart_ray.models.loading import load_model  # noqa: E402
+from dart_ray.models.tiny import TinySpec, save_tiny_model  # noqa: E402
+from dart_ray.prompts import Turn, build_messages  # noqa: E402
+from dart_ray.weights import load_into, pack, unpack  # noqa: E402
+from serve_apps.policy import build_app  # noqa: E402
+
+SIZES = {
+    "10M": TinySpec(hidden_size=320, intermediate_size=1024, num_layers=8, num_heads=10, num_kv_heads=10),
+    "100M": TinySpec(hidden_size=768, intermediate_size=3072, num_layers=12, num_heads=12, num_kv_heads=12),
+    "500M": TinySpec(hidden_size=1280, intermediate_size=4096, num_layers=24, num_heads=20, num_kv_heads=20),
+}  # fmt: skip
+
+
+def _screenshot() -> bytes:
+    import io
+
+    from PIL import Image, ImageDraw
+
+    im = Image.new("RGB", (320, 240), (235, 235, 240))
+    d = ImageDraw.Draw(im)
+    for i in range(4):
+        d.rectangle((20 + 70 * i, 180, 70 + 70 * i, 210), fill=(40 * i, 120, 200 - 40 * i))
+    buf = io.BytesIO()
+    im.save(buf, "PNG")
+    return buf.getvalue()
+
+
+# --------------------------------------------------------------------------- throughput
+
+
+async def _clients(handle: Any, n: int, seconds: float, req: GenerateRequest) -> tuple[int, float]:
+    done = 0
+    end = time.perf_counter() + seconds
+
+    async def client() -> None:
+        nonlocal done
+        while time.perf_counter() < end:
+            await handle.generate.remote(req)
+            done += 1
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(n)))
+    return done, time.perf_counter() - t0
+
+
+def bench_throughput(model_dir: Path, clients: list[int], seconds: float) -> list[dict[str, Any]]:
+    sp = SamplingParams(temperature=1.0, max_new_tokens=24)
+    req = GenerateRequest(tuple(build_messages("click the blue button", [Turn(_screenshot())])), sp)
+    rows = []
+    for batched in (False, True):
+        cfg = PolicyConfig(num_cpus=1, max_batch_size=32 if batched else 1, batch_wait_ms=10)
+        handle = serve.run(build_app(cfg, model_dir), name="bench", route_prefix=None)
+        handle.generate.remote(req).result()  # warm up
+        for n in clients:
+            done, wall = asyncio.run(_clients(handle, n, seconds, req))
+            rows.append({"batched": batched, "clients": n, "actions": done, "seconds": wall,
+                         "actions_per_s": done / wall})  # fmt: skip
+        serve.delete("bench")
+    return rows
+
+
+# --------------------------------------------------------------------------- weights
+
+
+def _median(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2]
+
+
+def _fresh_engine_seconds(path: Path) -> float:
+    code = (
+        "import time; t = time.perf_counter(); "
+        f"from dart_ray.engines.hf import HFEngine; HFEngine({str(path)!r}); "
+        "print(time.perf_counter() - t)"
+    )
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, cwd=ROOT)
+    return time.perf_counter() - t0
+
+
+def bench_weights(name: str, spec: TinySpec, repeats: int, naive: bool) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix=f"dart-ray-bench-{name}-"))
+    try:
+        model_dir = save_tiny_model(work / "model", spec)
+        model = load_model(model_dir)
+        sd = {k: v + 0.01 for k, v in model.state_dict().items()}
+        del model
+        nbytes = sum(v.numel() * v.element_size() for v in sd.values())
+        params = sum(v.numel() for v in sd.values())
+
+        dst = {k: torch.empty_like(v) for k, v in sd.items()}
+        floor = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            for k, v in sd.items():
+                dst[k].copy_(v)
+            floor.append(time.perf_counter() - t)
+        del dst
+
+        cfg = PolicyConfig(num_cpus=1)
+        handle = serve.run(build_app(cfg, model_dir), name="bench-w", route_prefix=None)
+        store, put_s = [], []
+        for i in range(repeats):
+            t = time.perf_counter()
+            ref = ray.put(pack(sd))
+            put_s.append(time.perf_counter() - t)
+            handle.update_weights.remote(i + 1, [ref]).result()
+            store.append(time.perf_counter() - t)
+            del ref
+        serve.delete("bench-w")
+        gc.collect()
+
+        naive_s: list[float] = []
+        if naive:  # the same load, but the tensors pickled as torch tensors
+            model = load_model(model_dir)
+            for _ in range(repeats):
+                t = time.perf_counter()
+                got = ray.get(ray.put(sd))
+                model.load_state_dict(got)
+                naive_s.append(time.perf_counter() - t)
+                del got
+            del model
+            gc.collect()
+
+        ckpt = []
+        for _ in range(max(1, repeats - 1)):
+            model = load_model(model_dir)
+            load_into(model, pack(sd))
+            out = work / "ckpt"
+            t = time.perf_counter()
+            model.save_pretrained(out)
+            saved = time.perf_counter() - t
+            for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                      "preprocessor_config.json"):  # fmt: skip
+                if (model_dir / f).exists():
+                    shutil.copy(model_dir / f, out / f)
+            del model
+            ckpt.append(saved + _fresh_engine_seconds(out))
+            shutil.rmtree(out)
+        row = {
+            "size": name,
+            "params": params,
+            "bytes": nbytes,
+            "floor_s": _median(floor),
+            "object_store_s": _median(store),
+            "put_s": _median(put_s),
+            "naive_put_get_s": _median(naive_s) if naive_s else None,
+            "checkpoint_restart_s": _median(ckpt),
+        }
+        row["vs_floor"] = row["object_store_s"] / row["floor_s"]
+        row["checkpoint_over_store"] = row["checkpoint_restart_s"] / row["object_store_s"]
+        return row
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def check_unpack_is_zero_copy() -> bool:
+    t = torch.randn(1024)
+    got = ray.get(ray.put(pack({"w": t})))
+    a = dict(unpack(got))["w"]
+    b = dict(unpack(got))["w"]
+    return a.data_ptr() == b.data_ptr() and torch.equal(a, t)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="10M and 100M only, 5 s windows")
+    ap.add_argument("--clients", default="1,8,32")
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--sizes", default=None, help="comma list of 10M,100M,500M")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "policy.json"))
+    args = ap.parse_args()
+    sizes = (args.sizes or ("10M,100M" if args.quick else "10M,100M,500M")).split(",")
+    seconds = 5.0 if args.quick else args.seconds
+    console = Console()
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"location": "NoServer"})  # no HTTP proxy needed here
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix="dart-ray-bench-tiny-"))
+        tiny = save_tiny_model(tmp / "tiny")  # UI-TARS pixel budget: 320x240 -> 108 tokens
+        tp = bench_throughput(tiny, [int(c) for c in args.clients.split(",")], seconds)
+        shutil.rmtree(tmp, ignore_errors=True)
+        ws = [bench_weights(s, SIZES[s], args.repeats, naive=s != "500M") for s in sizes]
+        zero_copy = check_unpack_is_zero_copy()
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+    t = Table(title="policy server: actions/s (tiny model, 24 tokens/action, 1 replica, 1 CPU)")
+    for c in ("clients", "unbatched", "batched", "speed-up"):
+        t.add_column(c, justify="right")
+    for n in sorted({r["clients"] for r in tp}):
+        u = next(r for r in tp if r["clients"] == n and not r["batched"])["actions_per_s"]
+        b = next(r for r in tp if r["clients"] == n and r["batched"])["actions_per_s"]
+        t.add_row(str(n), f"{u:.1f}", f"{b:.1f}", f"{b / u:.2f}x")
+    console.print(t)
+    w = Table(title="weight update latency (fp32, median of repeats)")
+    for c in ("size", "params", "MB", "copy floor", "object store", "/floor", "pickled torch",
+              "checkpoint+restart", "ckpt/store"):  # fmt: skip
+        w.add_column(c, justify="right")
+    for r in ws:
+        naive = f"{r['naive_put_get_s']:.3f} s" if r["naive_put_get_s"] is not None else "skipped"
+        w.add_row(r["size"], f"{r['params'] / 1e6:.1f}M", f"{r['bytes'] / 2**20:.0f}",
+                  f"{r['floor_s']:.3f} s", f"{r['object_store_s']:.3f} s", f"{r['vs_floor']:.1f}x",
+                  naive, f"{r['checkpoint_restart_s']:.2f} s",
+                  f"{r['checkpoint_over_store']:.0f}x")  # fmt: skip
+    console.print(w)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = {
+        "command": " ".join(["python", *sys.argv]),
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads",
+        "throughput": tp,
+        "weights": ws,
+        "unpack_zero_copy": zero_copy,
+    }
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    console.print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
