@@ -1,6 +1,7 @@
 # The two commands of the README:
 #   make run    set up (idempotent) and run the main job on the embedded default
 #   make test   set up (idempotent), start MariaDB if needed, lint, and run the tests
+#               (then the vLLM tier in .venv-vllm: `make test-vllm`; TEST_VLLM=0 skips it)
 #
 # torch is installed first and pinned to 2.13.0: on machines like ours pip takes the CPU build
 # from local disk, and an unpinned torch would pull a multi-GB CUDA build. Set TORCH_SPEC to
@@ -11,8 +12,13 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?= -m "not gpu"
+# The vLLM engine and its tests run in a second venv (scripts/setup-vllm-venv.sh says why).
+# TEST_VLLM=0 skips that tier.
+VLLM_VENV ?= .venv-vllm
+TEST_VLLM ?= 1
+VLLM_PYTEST_ARGS ?= -m vllm
 
-.PHONY: run test lint install clean
+.PHONY: run test test-vllm vllm-venv lint install clean
 
 install: $(STAMP)
 
@@ -34,6 +40,13 @@ lint: $(STAMP)
 test: $(STAMP) lint
 	bash scripts/start-mariadb.sh
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	if [ "$(TEST_VLLM)" = 1 ]; then $(MAKE) test-vllm; fi
+
+vllm-venv:
+	bash scripts/setup-vllm-venv.sh $(VLLM_VENV)
+
+test-vllm: vllm-venv
+	$(VLLM_VENV)/bin/python -m pytest $(VLLM_PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache .ruff_cache

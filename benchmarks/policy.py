@@ -5,11 +5,12 @@
 
 1. Actions/s at 1, 8 and 32 concurrent clients through a real Serve handle, one replica on one
    CPU, the tiny model on a 320x240 screenshot with UI-TARS's pixel budget (108 image tokens),
-   24 sampled tokens per action; batched (`serve.batch`, up to 32) against unbatched
+   64 sampled tokens per action (policy.max_new_tokens); batched (`serve.batch`, up to 32) against unbatched
    (max_batch_size 1: concurrent requests still overlap, each with its own forward passes).
 2. Weight update latency against model size (~10M, ~100M, ~500M parameters, fp32) for
    - the object-store path: `ray.put(pack(state_dict))` + `update_weights` through Serve to a
-     running replica, which loads in place (what dart-ray does);
+     running replica, which loads in place (what dart-ray does), with `weights_load=share`
+     (parameters point at the object-store memory) and `copy` (copied into the model);
    - a plain `ray.put` of the dict of torch tensors, fetched and loaded the same way;
    - the DART-GUI path: save an HF checkpoint, then a fresh process builds the engine from it;
    - the memory-copy floor: one `copy_` of the same bytes into a preallocated state dict.
@@ -22,6 +23,7 @@ import argparse
 import asyncio
 import gc
 import json
+import os
 import platform
 import shutil
 import subprocess
@@ -87,8 +89,10 @@ async def _clients(handle: Any, n: int, seconds: float, req: GenerateRequest) ->
     return done, time.perf_counter() - t0
 
 
-def bench_throughput(model_dir: Path, clients: list[int], seconds: float) -> list[dict[str, Any]]:
-    sp = SamplingParams(temperature=1.0, max_new_tokens=24)
+def bench_throughput(
+    model_dir: Path, clients: list[int], seconds: float, tokens: int
+) -> list[dict[str, Any]]:
+    sp = SamplingParams(temperature=1.0, max_new_tokens=tokens)
     req = GenerateRequest(tuple(build_messages("click the blue button", [Turn(_screenshot())])), sp)
     rows = []
     for batched in (False, True):
@@ -132,6 +136,8 @@ def bench_weights(name: str, spec: TinySpec, repeats: int, naive: bool) -> dict[
         params = sum(v.numel() for v in sd.values())
 
         dst = {k: torch.empty_like(v) for k, v in sd.items()}
+        for k, v in sd.items():  # first touch of the pages is not part of a copy
+            dst[k].copy_(v)
         floor = []
         for _ in range(repeats):
             t = time.perf_counter()
@@ -140,18 +146,20 @@ def bench_weights(name: str, spec: TinySpec, repeats: int, naive: bool) -> dict[
             floor.append(time.perf_counter() - t)
         del dst
 
-        cfg = PolicyConfig(num_cpus=1)
-        handle = serve.run(build_app(cfg, model_dir), name="bench-w", route_prefix=None)
-        store, put_s = [], []
-        for i in range(repeats):
-            t = time.perf_counter()
-            ref = ray.put(pack(sd))
-            put_s.append(time.perf_counter() - t)
-            handle.update_weights.remote(i + 1, [ref]).result()
-            store.append(time.perf_counter() - t)
-            del ref
-        serve.delete("bench-w")
-        gc.collect()
+        store: dict[str, list[float]] = {"share": [], "copy": []}
+        put_s = []
+        for mode, times in store.items():
+            cfg = PolicyConfig(num_cpus=1, weights_load=mode)  # type: ignore[arg-type]
+            handle = serve.run(build_app(cfg, model_dir), name="bench-w", route_prefix=None)
+            for i in range(repeats):
+                t = time.perf_counter()
+                ref = ray.put(pack(sd))
+                put_s.append(time.perf_counter() - t)
+                handle.update_weights.remote(i + 1, [ref]).result()
+                times.append(time.perf_counter() - t)
+                del ref
+            serve.delete("bench-w")
+            gc.collect()
 
         naive_s: list[float] = []
         if naive:  # the same load, but the tensors pickled as torch tensors
@@ -185,12 +193,14 @@ def bench_weights(name: str, spec: TinySpec, repeats: int, naive: bool) -> dict[
             "params": params,
             "bytes": nbytes,
             "floor_s": _median(floor),
-            "object_store_s": _median(store),
+            "object_store_s": _median(store["share"]),
+            "object_store_copy_s": _median(store["copy"]),
             "put_s": _median(put_s),
             "naive_put_get_s": _median(naive_s) if naive_s else None,
             "checkpoint_restart_s": _median(ckpt),
         }
         row["vs_floor"] = row["object_store_s"] / row["floor_s"]
+        row["copy_vs_floor"] = row["object_store_copy_s"] / row["floor_s"]
         row["checkpoint_over_store"] = row["checkpoint_restart_s"] / row["object_store_s"]
         return row
     finally:
@@ -212,6 +222,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--sizes", default=None, help="comma list of 10M,100M,500M")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=64, help="tokens per action (policy default)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "policy.json"))
     args = ap.parse_args()
     sizes = (args.sizes or ("10M,100M" if args.quick else "10M,100M,500M")).split(",")
@@ -223,7 +234,8 @@ def main() -> None:
     try:
         tmp = Path(tempfile.mkdtemp(prefix="dart-ray-bench-tiny-"))
         tiny = save_tiny_model(tmp / "tiny")  # UI-TARS pixel budget: 320x240 -> 108 tokens
-        tp = bench_throughput(tiny, [int(c) for c in args.clients.split(",")], seconds)
+        clients = [int(c) for c in args.clients.split(",")]
+        tp = bench_throughput(tiny, clients, seconds, args.tokens)
         shutil.rmtree(tmp, ignore_errors=True)
         ws = [bench_weights(s, SIZES[s], args.repeats, naive=s != "500M") for s in sizes]
         zero_copy = check_unpack_is_zero_copy()
@@ -231,7 +243,7 @@ def main() -> None:
         serve.shutdown()
         ray.shutdown()
 
-    t = Table(title="policy server: actions/s (tiny model, 24 tokens/action, 1 replica, 1 CPU)")
+    t = Table(title=f"actions/s (tiny model, {args.tokens} tokens/action, 1 replica of 1 CPU)")
     for c in ("clients", "unbatched", "batched", "speed-up"):
         t.add_column(c, justify="right")
     for n in sorted({r["clients"] for r in tp}):
@@ -239,22 +251,24 @@ def main() -> None:
         b = next(r for r in tp if r["clients"] == n and r["batched"])["actions_per_s"]
         t.add_row(str(n), f"{u:.1f}", f"{b:.1f}", f"{b / u:.2f}x")
     console.print(t)
-    w = Table(title="weight update latency (fp32, median of repeats)")
-    for c in ("size", "params", "MB", "copy floor", "object store", "/floor", "pickled torch",
-              "checkpoint+restart", "ckpt/store"):  # fmt: skip
+    w = Table(title="weight update latency, seconds (fp32, median of repeats)")
+    for c in ("size", "MB", "floor", "store share", "/floor", "store copy", "/floor",
+              "pickled", "ckpt+restart", "ckpt/share"):  # fmt: skip
         w.add_column(c, justify="right")
     for r in ws:
-        naive = f"{r['naive_put_get_s']:.3f} s" if r["naive_put_get_s"] is not None else "skipped"
-        w.add_row(r["size"], f"{r['params'] / 1e6:.1f}M", f"{r['bytes'] / 2**20:.0f}",
-                  f"{r['floor_s']:.3f} s", f"{r['object_store_s']:.3f} s", f"{r['vs_floor']:.1f}x",
-                  naive, f"{r['checkpoint_restart_s']:.2f} s",
+        naive = f"{r['naive_put_get_s']:.3f}" if r["naive_put_get_s"] is not None else "skipped"
+        w.add_row(f"{r['size']} ({r['params'] / 1e6:.0f}M)", f"{r['bytes'] / 2**20:.0f}",
+                  f"{r['floor_s']:.3f}", f"{r['object_store_s']:.3f}", f"{r['vs_floor']:.1f}x",
+                  f"{r['object_store_copy_s']:.3f}", f"{r['copy_vs_floor']:.1f}x", naive,
+                  f"{r['checkpoint_restart_s']:.2f}",
                   f"{r['checkpoint_over_store']:.0f}x")  # fmt: skip
     console.print(w)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     result = {
         "command": " ".join(["python", *sys.argv]),
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads",
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "tokens_per_action": args.tokens,
         "throughput": tp,
         "weights": ws,
         "unpack_zero_copy": zero_copy,

@@ -120,6 +120,9 @@ class PolicyConfig(_Section):
     allow_special_tokens: tuple[str, ...] = ()
     """Special tokens the policy may sample besides the end token (all others are suppressed;
     e.g. ["<|box_start|>", "<|box_end|>"] for UI-TARS-1.5-7B, which writes them)."""
+    weights_load: Literal["share", "copy"] = "share"
+    """transformers engine on CPU: `share` points the parameters at the weights in the object
+    store (no copy; replicas on a node share them), `copy` copies them into the model."""
     update_timeout_s: float = Field(default=300.0, gt=0)
     """How long `update_weights` waits for every replica to load a new version."""
     vllm_max_model_len: int = Field(default=8192, ge=256)

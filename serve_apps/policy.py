@@ -22,6 +22,7 @@ the token read from that environment variable in the replica. The token is never
 the ingress methods, or it takes `request` for a query parameter.)
 """
 
+import asyncio
 import hmac
 import logging
 import os
@@ -116,7 +117,8 @@ class PolicyServer:
         """One response for one request; raises BadRequest for a malformed request."""
         if not isinstance(request, GenerateRequest):
             raise BadRequest(f"generate takes a GenerateRequest, not {type(request).__name__}")
-        prepared = self.engine.prepare(request, self.defaults)
+        # image decoding and preprocessing off the event loop: it overlaps with the running batch
+        prepared = await asyncio.to_thread(self.engine.prepare, request, self.defaults)
         if self.engine.name == "hf":
             return await self._batched(prepared)
         return (await self.engine.generate([prepared]))[0]
@@ -130,7 +132,10 @@ class PolicyServer:
         t0 = time.perf_counter()
         await serve.get_deployment_actor(REGISTRY).publish.remote(version, refs)
         handle: DeploymentHandle = serve.get_deployment_handle(self.deployment, self.app_name)
-        results = await handle.broadcast("load_weights", version, refs).results_async()
+        results = await asyncio.wait_for(
+            handle.broadcast("load_weights", version, refs).results_async(),
+            timeout=self.cfg.update_timeout_s,
+        )
         replicas = dict(results)
         return UpdateReport(version, replicas, time.perf_counter() - t0)
 

@@ -125,8 +125,9 @@ def test_batched_equals_one_by_one(engine: HFEngine) -> None:
     assert together[1].model_sizes == ((112, 112), (168, 112))
 
 
-def test_updates_are_versioned_and_in_place(tiny_model_dir: Path) -> None:
-    e = HFEngine(tiny_model_dir)
+@pytest.mark.parametrize("weights_load", ["share", "copy"])
+def test_updates_are_versioned_and_in_place(tiny_model_dir: Path, weights_load: str) -> None:
+    e = HFEngine(tiny_model_dir, weights_load=weights_load)  # type: ignore[arg-type]
     req = request()
     (before,) = _run(e, [req])
     new = {k: v * 1.5 for k, v in e.model.state_dict().items()}
