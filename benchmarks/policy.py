@@ -222,6 +222,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--sizes", default=None, help="comma list of 10M,100M,500M")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--skip-weights", action="store_true", help="throughput only")
     ap.add_argument("--tokens", type=int, default=64, help="tokens per action (policy default)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "policy.json"))
     args = ap.parse_args()
@@ -237,7 +238,11 @@ def main() -> None:
         clients = [int(c) for c in args.clients.split(",")]
         tp = bench_throughput(tiny, clients, seconds, args.tokens)
         shutil.rmtree(tmp, ignore_errors=True)
-        ws = [bench_weights(s, SIZES[s], args.repeats, naive=s != "500M") for s in sizes]
+        ws = (
+            []
+            if args.skip_weights
+            else [bench_weights(s, SIZES[s], args.repeats, naive=s != "500M") for s in sizes]
+        )
         zero_copy = check_unpack_is_zero_copy()
     finally:
         serve.shutdown()

@@ -40,7 +40,7 @@ from ray.serve.handle import DeploymentHandle
 
 from dart_ray.config import PolicyConfig
 from dart_ray.engines import make_engine
-from dart_ray.engines.base import GenerateRequest, Generation, SamplingParams
+from dart_ray.engines.base import GenerateRequest, Generation, PreparedRequest, SamplingParams
 from dart_ray.models.loading import check_model_dir
 from dart_ray.prompts import BadRequest, from_openai
 from dart_ray.weights import PackedWeights
@@ -110,17 +110,34 @@ class PolicyServer:
     # ------------------------------------------------------------------ generation
 
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
-    async def _batched(self, prepared: list[Any]) -> list[Generation]:
-        return await self.engine.generate(prepared)
+    async def _batched(self, requests: list[GenerateRequest]) -> list[Generation | BadRequest]:
+        # Preprocessing happens here, for the whole batch, rather than per request before it:
+        # done per request it staggers arrivals (tens of ms per screenshot), and the batcher
+        # would close small batches while the rest were still being preprocessed.
+        prepared = await asyncio.to_thread(self._prepare_many, requests)
+        ok = [p for p in prepared if not isinstance(p, BadRequest)]
+        gens = iter(await self.engine.generate(ok) if ok else [])
+        return [p if isinstance(p, BadRequest) else next(gens) for p in prepared]
+
+    def _prepare_many(self, requests: list[GenerateRequest]) -> list[PreparedRequest | BadRequest]:
+        out: list[PreparedRequest | BadRequest] = []
+        for r in requests:
+            try:
+                out.append(self.engine.prepare(r, self.defaults))
+            except BadRequest as e:  # fails this request alone, not its batch
+                out.append(e)
+        return out
 
     async def generate(self, request: GenerateRequest) -> Generation:
         """One response for one request; raises BadRequest for a malformed request."""
         if not isinstance(request, GenerateRequest):
             raise BadRequest(f"generate takes a GenerateRequest, not {type(request).__name__}")
-        # image decoding and preprocessing off the event loop: it overlaps with the running batch
-        prepared = await asyncio.to_thread(self.engine.prepare, request, self.defaults)
         if self.engine.name == "hf":
-            return await self._batched(prepared)
+            result = await self._batched(request)
+            if isinstance(result, BadRequest):
+                raise result
+            return result
+        prepared = await asyncio.to_thread(self.engine.prepare, request, self.defaults)
         return (await self.engine.generate([prepared]))[0]
 
     # ------------------------------------------------------------------ weights

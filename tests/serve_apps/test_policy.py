@@ -86,6 +86,12 @@ def test_generate_through_the_handle(handle: DeploymentHandle, reference: HFEngi
     assert max(g.batch_size for g in gens) > 1  # concurrent requests shared a forward pass
     with pytest.raises(BadRequest, match="takes a GenerateRequest"):
         handle.generate.remote({"messages": []}).result()
+    # a malformed request fails alone, not the batch it joined
+    mixed = [handle.generate.remote(r) for r in (req, request(screens=(b"junk",)), req)]
+    assert mixed[0].result().response_ids == want.response_ids
+    with pytest.raises(BadRequest, match="image 0 is not a readable PNG"):
+        mixed[1].result()
+    assert mixed[2].result().response_ids == want.response_ids
     health = handle.health.remote().result()
     assert health["ok"] and health["engine"] == "hf"
 
