@@ -129,8 +129,16 @@ class PolicyConfig(_Section):
     """vLLM: longest prompt plus response, in tokens."""
     vllm_kv_cache_mb: int = Field(default=512, ge=16)
     """vLLM on CPU: memory reserved for the KV cache, MiB."""
-    vllm_logprobs_topk: int = Field(default=20, ge=1)
-    """vLLM: top log-probs per token used to estimate the entropy (a lower bound)."""
+    vllm_logprobs_topk: int = Field(default=20, ge=-1)
+    """vLLM: top log-probs per token used to estimate the entropy (a lower bound); -1 returns
+    the whole vocabulary (exact entropy; affordable for small vocabularies only)."""
+
+    @field_validator("vllm_logprobs_topk")
+    @classmethod
+    def _topk(cls, v: int) -> int:
+        if v == 0:
+            raise ValueError("must be -1 (whole vocabulary) or at least 1")
+        return v
 
 
 class RolloutConfig(_Section):
