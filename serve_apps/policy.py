@@ -65,11 +65,15 @@ def _error(status: int, message: str, kind: str = "invalid_request_error") -> JS
     return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
 
 
+MAX_HTTP_TOKENS = 4096
+"""Largest `max_tokens` the HTTP route accepts (a bound on the work one request can ask)."""
+
+
 def _sampling(body: dict[str, Any], defaults: SamplingParams) -> SamplingParams:
-    stop = body.get("stop") or ()
-    stop = (stop,) if isinstance(stop, str) else tuple(stop)
     try:
-        return SamplingParams(
+        stop = body.get("stop") or ()
+        stop = (stop,) if isinstance(stop, str) else tuple(stop)
+        sp = SamplingParams(
             temperature=float(body.get("temperature", defaults.temperature)),
             top_p=float(body.get("top_p", defaults.top_p)),
             max_new_tokens=int(body.get("max_tokens", defaults.max_new_tokens)),
@@ -77,6 +81,9 @@ def _sampling(body: dict[str, Any], defaults: SamplingParams) -> SamplingParams:
         )
     except (TypeError, ValueError) as e:
         raise BadRequest(f"bad sampling parameter: {e}") from None
+    if sp.max_new_tokens > MAX_HTTP_TOKENS:
+        raise BadRequest(f"max_tokens must be at most {MAX_HTTP_TOKENS}")
+    return sp
 
 
 @serve.deployment(name="PolicyServer")

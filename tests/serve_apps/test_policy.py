@@ -212,6 +212,9 @@ def test_openai_route_with_bearer_token(handle: DeploymentHandle, cfg: PolicyCon
     assert _post(port, "/v1/chat/completions", b"{not json", token)[0] == 400
     status, out = _post(port, "/v1/chat/completions", {**body, "top_p": 3}, token)
     assert status == 400 and "top_p" in out["error"]["message"]
+    status, out = _post(port, "/v1/chat/completions", {**body, "max_tokens": 10**9}, token)
+    assert status == 400 and "max_tokens must be at most" in out["error"]["message"]
+    assert _post(port, "/v1/chat/completions", {**body, "stop": 5}, token)[0] == 400
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30) as r:
         assert json.loads(r.read())["ok"] is True
     assert token not in json.dumps(handle.health.remote().result())
