@@ -1,7 +1,8 @@
 # The two commands of the README:
 #   make run    set up (idempotent) and run the main job on the embedded default
-#   make test   set up (idempotent), install the browser/desktop Debian packages and start
-#               MariaDB if needed, lint, and run the tests
+#   make test   set up (idempotent), install the browser/desktop Debian packages, start
+#               MariaDB if needed, lint, and run the tests (then the vLLM tier in .venv-vllm:
+#               `make test-vllm`; TEST_VLLM=0 skips it)
 #
 # torch is installed first and pinned to 2.13.0: on machines like ours pip takes the CPU build
 # from local disk, and an unpinned torch would pull a multi-GB CUDA build. Set TORCH_SPEC to
@@ -13,8 +14,14 @@ STAMP := $(VENV)/.installed-stamp
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?= -m "not gpu"
 ARGS ?=
+# The vLLM engine and its tests run in a second venv (scripts/setup-vllm-venv.sh says why).
+# TEST_VLLM=0 skips that tier. Only the folders holding `vllm` tests are collected there, so a
+# test module needing something only the main venv has cannot break that run.
+VLLM_VENV ?= .venv-vllm
+TEST_VLLM ?= 1
+VLLM_PYTEST_ARGS ?= -m vllm tests/engines tests/serve_apps
 
-.PHONY: run test lint install clean
+.PHONY: run test test-vllm vllm-venv lint install clean
 
 install: $(STAMP)
 
@@ -36,6 +43,13 @@ test: $(STAMP) lint
 	bash scripts/install-test-deps.sh
 	bash scripts/start-mariadb.sh
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	if [ "$(TEST_VLLM)" = 1 ]; then $(MAKE) test-vllm; fi
+
+vllm-venv:
+	bash scripts/setup-vllm-venv.sh $(VLLM_VENV)
+
+test-vllm: vllm-venv
+	$(VLLM_VENV)/bin/python -m pytest $(VLLM_PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache .ruff_cache

@@ -195,14 +195,25 @@ class PolicyConfig(_Section):
     allow_special_tokens: tuple[str, ...] = ()
     """Special tokens the policy may sample besides the end token (all others are suppressed;
     e.g. ["<|box_start|>", "<|box_end|>"] for UI-TARS-1.5-7B, which writes them)."""
+    weights_load: Literal["share", "copy"] = "share"
+    """transformers engine on CPU: `share` points the parameters at the weights in the object
+    store (no copy; replicas on a node share them), `copy` copies them into the model."""
     update_timeout_s: float = Field(default=300.0, gt=0)
     """How long `update_weights` waits for every replica to load a new version."""
     vllm_max_model_len: int = Field(default=8192, ge=256)
     """vLLM: longest prompt plus response, in tokens."""
     vllm_kv_cache_mb: int = Field(default=512, ge=16)
     """vLLM on CPU: memory reserved for the KV cache, MiB."""
-    vllm_logprobs_topk: int = Field(default=20, ge=1)
-    """vLLM: top log-probs per token used to estimate the entropy (a lower bound)."""
+    vllm_logprobs_topk: int = Field(default=20, ge=-1)
+    """vLLM: top log-probs per token used to estimate the entropy (a lower bound); -1 returns
+    the whole vocabulary (exact entropy; affordable for small vocabularies only)."""
+
+    @field_validator("vllm_logprobs_topk")
+    @classmethod
+    def _topk(cls, v: int) -> int:
+        if v == 0:
+            raise ValueError("must be -1 (whole vocabulary) or at least 1")
+        return v
 
 
 class RolloutConfig(_Section):

@@ -121,3 +121,37 @@ def load_into(model: torch.nn.Module, packed: PackedWeights, strict: bool = True
         dst.data.copy_(src)
         copied += src.numel() * src.element_size()
     return copied
+
+
+@torch.no_grad()
+def share_into(model: torch.nn.Module, packed: PackedWeights) -> int:
+    """Point the model's parameters at the packed bytes themselves: no copy at all.
+
+    With weights fetched from the object store, the parameters then live in the store's shared
+    memory: an update costs one `ray.put` and a pointer swap, and every replica on a node
+    shares one physical copy. The memory is read-only (inference never writes parameters)
+    and stays valid while `packed` is referenced, even after the publisher dies (the store
+    keeps an object alive while a process maps it), so the caller keeps `packed` until the
+    next update. A tensor whose dtype differs from the parameter's is converted (a copy).
+    Returns the bytes now shared.
+    """
+    params = dict(model.named_parameters())
+    buffers = dict(model.named_buffers())
+    unknown = sorted({m.name for m in packed.metas} - set(params) - set(buffers))
+    missing = sorted(set(params) - {m.name for m in packed.metas})
+    if unknown or missing:
+        raise ValueError(
+            f"weights do not match the model: unknown {unknown[:5]}, missing {missing[:5]}"
+        )
+    shared = 0
+    for name, src in unpack(packed):
+        dst = params.get(name, buffers.get(name))
+        assert dst is not None
+        if tuple(dst.shape) != tuple(src.shape):
+            raise ValueError(f"{name}: shape {tuple(src.shape)} != model's {tuple(dst.shape)}")
+        if src.dtype == dst.dtype and src.device == dst.device:
+            dst.data = src
+            shared += src.numel() * src.element_size()
+        else:
+            dst.data = src.to(device=dst.device, dtype=dst.dtype)
+    return shared

@@ -22,6 +22,7 @@ the token read from that environment variable in the replica. The token is never
 the ingress methods, or it takes `request` for a query parameter.)
 """
 
+import asyncio
 import hmac
 import logging
 import os
@@ -39,7 +40,8 @@ from ray.serve.handle import DeploymentHandle
 
 from dart_ray.config import PolicyConfig
 from dart_ray.engines import make_engine
-from dart_ray.engines.base import GenerateRequest, Generation, SamplingParams
+from dart_ray.engines.base import GenerateRequest, Generation, PreparedRequest, SamplingParams
+from dart_ray.models.loading import check_model_dir
 from dart_ray.prompts import BadRequest, from_openai
 from dart_ray.weights import PackedWeights
 from serve_apps.weight_registry import WeightRegistry
@@ -63,11 +65,15 @@ def _error(status: int, message: str, kind: str = "invalid_request_error") -> JS
     return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
 
 
+MAX_HTTP_TOKENS = 4096
+"""Largest `max_tokens` the HTTP route accepts (a bound on the work one request can ask)."""
+
+
 def _sampling(body: dict[str, Any], defaults: SamplingParams) -> SamplingParams:
-    stop = body.get("stop") or ()
-    stop = (stop,) if isinstance(stop, str) else tuple(stop)
     try:
-        return SamplingParams(
+        stop = body.get("stop") or ()
+        stop = (stop,) if isinstance(stop, str) else tuple(stop)
+        sp = SamplingParams(
             temperature=float(body.get("temperature", defaults.temperature)),
             top_p=float(body.get("top_p", defaults.top_p)),
             max_new_tokens=int(body.get("max_tokens", defaults.max_new_tokens)),
@@ -75,6 +81,9 @@ def _sampling(body: dict[str, Any], defaults: SamplingParams) -> SamplingParams:
         )
     except (TypeError, ValueError) as e:
         raise BadRequest(f"bad sampling parameter: {e}") from None
+    if sp.max_new_tokens > MAX_HTTP_TOKENS:
+        raise BadRequest(f"max_tokens must be at most {MAX_HTTP_TOKENS}")
+    return sp
 
 
 @serve.deployment(name="PolicyServer")
@@ -112,16 +121,34 @@ class PolicyServer:
     # ------------------------------------------------------------------ generation
 
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
-    async def _batched(self, prepared: list[Any]) -> list[Generation]:
-        return await self.engine.generate(prepared)
+    async def _batched(self, requests: list[GenerateRequest]) -> list[Generation | BadRequest]:
+        # Preprocessing happens here, for the whole batch, rather than per request before it:
+        # done per request it staggers arrivals (tens of ms per screenshot), and the batcher
+        # would close small batches while the rest were still being preprocessed.
+        prepared = await asyncio.to_thread(self._prepare_many, requests)
+        ok = [p for p in prepared if not isinstance(p, BadRequest)]
+        gens = iter(await self.engine.generate(ok) if ok else [])
+        return [p if isinstance(p, BadRequest) else next(gens) for p in prepared]
+
+    def _prepare_many(self, requests: list[GenerateRequest]) -> list[PreparedRequest | BadRequest]:
+        out: list[PreparedRequest | BadRequest] = []
+        for r in requests:
+            try:
+                out.append(self.engine.prepare(r, self.defaults))
+            except BadRequest as e:  # fails this request alone, not its batch
+                out.append(e)
+        return out
 
     async def generate(self, request: GenerateRequest) -> Generation:
         """One response for one request; raises BadRequest for a malformed request."""
         if not isinstance(request, GenerateRequest):
             raise BadRequest(f"generate takes a GenerateRequest, not {type(request).__name__}")
-        prepared = self.engine.prepare(request, self.defaults)
         if self.engine.name == "hf":
-            return await self._batched(prepared)
+            result = await self._batched(request)
+            if isinstance(result, BadRequest):
+                raise result
+            return result
+        prepared = await asyncio.to_thread(self.engine.prepare, request, self.defaults)
         return (await self.engine.generate([prepared]))[0]
 
     # ------------------------------------------------------------------ weights
@@ -133,7 +160,10 @@ class PolicyServer:
         t0 = time.perf_counter()
         await serve.get_deployment_actor(REGISTRY).publish.remote(version, refs)
         handle: DeploymentHandle = serve.get_deployment_handle(self.deployment, self.app_name)
-        results = await handle.broadcast("load_weights", version, refs).results_async()
+        results = await asyncio.wait_for(
+            handle.broadcast("load_weights", version, refs).results_async(),
+            timeout=self.cfg.update_timeout_s,
+        )
         replicas = dict(results)
         return UpdateReport(version, replicas, time.perf_counter() - t0)
 
@@ -222,7 +252,13 @@ class PolicyServer:
 def build_app(
     cfg: PolicyConfig, model_path: str | Path, initial_version: int = 0
 ) -> serve.Application:
-    """The policy application with replicas, autoscaling and resources from `cfg`."""
+    """The policy application with replicas, autoscaling and resources from `cfg`.
+
+    The model folder is checked here, in the caller, so a wrong path fails at once with a
+    message naming the problem instead of as replicas that keep failing to start.
+    `initial_version` is the version of the weights in the folder (a resumed checkpoint's).
+    """
+    model_path = check_model_dir(model_path)
     options: dict[str, Any] = {
         "ray_actor_options": {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus},
         "max_ongoing_requests": max(cfg.max_ongoing_requests, cfg.max_batch_size),

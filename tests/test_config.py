@@ -118,3 +118,12 @@ def test_every_field_is_documented() -> None:
     assert len(rows) > 50
     undocumented = [k for k, _, doc in rows if not doc]
     assert undocumented == []
+
+
+def test_policy_fields_of_the_policy_server() -> None:
+    cfg = load_config(None, ["policy.vllm_logprobs_topk=-1", "policy.weights_load='copy'"])
+    assert cfg.policy.vllm_logprobs_topk == -1 and cfg.policy.weights_load == "copy"
+    with pytest.raises(ConfigError, match=r"policy\.vllm_logprobs_topk = 0: must be -1"):
+        load_config(None, ["policy.vllm_logprobs_topk=0"])
+    with pytest.raises(ConfigError, match=r"policy\.weights_load"):
+        load_config(None, ["policy.weights_load='mmap'"])

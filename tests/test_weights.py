@@ -10,7 +10,7 @@ import ray
 import torch
 
 from dart_ray.models.loading import load_model
-from dart_ray.weights import PackedWeights, load_into, pack, unpack
+from dart_ray.weights import PackedWeights, load_into, pack, share_into, unpack
 
 
 def test_pack_unpack_is_exact_for_every_dtype() -> None:
@@ -65,3 +65,45 @@ def test_load_into_names_mismatches(tiny_model_dir: Path) -> None:
     sd["lm_head.weight"] = torch.zeros(2, 2)
     with pytest.raises(ValueError, match=r"lm_head\.weight: shape"):
         load_into(model, pack(sd))
+
+
+def test_share_into_points_parameters_at_the_packed_bytes(tiny_model_dir: Path) -> None:
+    model = load_model(tiny_model_dir)
+    new = {k: v * 2 for k, v in model.state_dict().items()}
+    packed = pack(new)
+    shared = share_into(model, packed)
+    assert shared == packed.nbytes  # every tensor shared, none copied
+    w = model.lm_head.weight
+    i = [m.name for m in packed.metas].index("lm_head.weight")
+    assert w.data_ptr() == packed.arrays[i].ctypes.data  # the very same memory
+    assert torch.equal(w, new["lm_head.weight"])
+    # a dtype the model does not use is converted instead of shared
+    half = pack({k: v.to(torch.bfloat16) for k, v in new.items()})
+    assert share_into(model, half) == 0
+    assert model.lm_head.weight.dtype == torch.float32
+
+
+def test_shared_weights_outlive_their_publisher(ray_local: None) -> None:
+    """The store keeps an object mapped by a reader even after its owner died."""
+
+    @ray.remote
+    class Publisher:
+        def publish(self) -> list[ray.ObjectRef]:
+            return [ray.put(pack({"w": torch.full((1 << 18,), 7.0)}))]
+
+    @ray.remote
+    class Reader:
+        def take(self, refs: list[ray.ObjectRef]) -> None:
+            self.w = dict(unpack(ray.get(refs[0])))["w"]
+
+        def check(self) -> tuple[float, float]:
+            return float(self.w.min()), float(self.w.max())
+
+    pub, reader = Publisher.remote(), Reader.remote()
+    refs = ray.get(pub.publish.remote())
+    ray.get(reader.take.remote(refs))
+    del refs
+    ray.kill(pub)
+    for i in range(8):  # churn the store so freed memory would be reused
+        ray.get(ray.put(np.full(1 << 20, float(i))))
+    assert ray.get(reader.check.remote()) == (7.0, 7.0)

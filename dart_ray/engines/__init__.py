@@ -20,7 +20,9 @@ def make_engine(cfg: PolicyConfig, model_path: str | Path) -> Engine:
         from dart_ray.engines.hf import HFEngine
 
         device = "cuda" if cfg.num_gpus > 0 and torch.cuda.is_available() else "cpu"
-        return HFEngine(model_path, cfg.allow_special_tokens, DTYPES[cfg.dtype], device)
+        return HFEngine(
+            model_path, cfg.allow_special_tokens, DTYPES[cfg.dtype], device, cfg.weights_load
+        )
     from dart_ray.engines.vllm import VLLMEngine
 
     return VLLMEngine.from_config(cfg, model_path)

@@ -25,6 +25,7 @@ import itertools
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
@@ -37,7 +38,7 @@ from dart_ray.engines.base import (
     SamplingParams,
 )
 from dart_ray.models.loading import EncodedPrompt, PolicyProcessor, load_model
-from dart_ray.weights import PackedWeights, load_into
+from dart_ray.weights import PackedWeights, load_into, share_into
 
 
 class _Suppress(LogitsProcessor):
@@ -114,8 +115,11 @@ class HFEngine(Engine):
         allow_special_tokens: Sequence[str] = (),
         dtype: torch.dtype = torch.float32,
         device: str = "cpu",
+        weights_load: Literal["share", "copy"] = "share",
     ) -> None:
         super().__init__()
+        self.weights_load = weights_load
+        self._shared: PackedWeights | None = None  # keeps shared weights mapped
         self.processor = PolicyProcessor.from_dir(model_path)
         self.model = load_model(model_path, dtype=dtype, device=device)
         self.device = device
@@ -135,7 +139,12 @@ class HFEngine(Engine):
             return await asyncio.to_thread(self.generate_sync, encoded, params, version)
 
     async def _load(self, weights: PackedWeights) -> None:
-        await asyncio.to_thread(load_into, self.model, weights)
+        if self.weights_load == "share" and self.device == "cpu":
+            await asyncio.to_thread(share_into, self.model, weights)
+            self._shared = weights  # the previous version's mapping is released here
+        else:
+            await asyncio.to_thread(load_into, self.model, weights)
+            self._shared = None
 
     # ------------------------------------------------------------------ synchronous core
 

@@ -78,7 +78,7 @@ class VLLMEngine(Engine):
             max_logprobs=logprobs_topk,
             worker_extension_cls=WORKER_EXTENSION,
         )
-        self.llm = AsyncLLM.from_engine_args(args)
+        self.llm: Any = AsyncLLM.from_engine_args(args)
 
     @classmethod
     def from_config(cls, cfg: PolicyConfig, model_path: str | Path) -> VLLMEngine:
@@ -170,7 +170,9 @@ class VLLMEngine(Engine):
         await self.llm.reset_mm_cache()
 
     async def close(self) -> None:
-        self.llm.shutdown()
+        llm, self.llm = self.llm, None
+        if llm is not None:  # shut down now, not from __del__ at interpreter exit
+            llm.shutdown()
 
 
 def checkpoint_name(name: str) -> str:

@@ -125,8 +125,9 @@ def test_batched_equals_one_by_one(engine: HFEngine) -> None:
     assert together[1].model_sizes == ((112, 112), (168, 112))
 
 
-def test_updates_are_versioned_and_in_place(tiny_model_dir: Path) -> None:
-    e = HFEngine(tiny_model_dir)
+@pytest.mark.parametrize("weights_load", ["share", "copy"])
+def test_updates_are_versioned_and_in_place(tiny_model_dir: Path, weights_load: str) -> None:
+    e = HFEngine(tiny_model_dir, weights_load=weights_load)  # type: ignore[arg-type]
     req = request()
     (before,) = _run(e, [req])
     new = {k: v * 1.5 for k, v in e.model.state_dict().items()}
@@ -148,3 +149,21 @@ def test_updates_are_versioned_and_in_place(tiny_model_dir: Path) -> None:
     assert asyncio.run(e.update_weights(1, pack(new))) == 0.0  # a retried publish: no-op
     with pytest.raises(ValueError, match="older than the loaded 1"):
         asyncio.run(e.update_weights(0, pack(new)))
+
+
+def test_top_p_and_recorder_on_hand_numbers() -> None:
+    from dart_ray.engines.hf import _Recorder, _TopP
+
+    # p = [0.5, 0.3, 0.15, 0.05], top_p 0.8: the mass before token 2 is 0.8 >= 0.8, so tokens
+    # 2 and 3 go; the rest renormalise to [0.5, 0.3] / 0.8 = [0.625, 0.375].
+    scores = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+    kept = _TopP(0.8)(torch.zeros(1, 1, dtype=torch.long), scores)
+    assert kept.softmax(-1).tolist()[0] == pytest.approx([0.625, 0.375, 0.0, 0.0])
+    # the recorder: entropy of [0.625, 0.375] = -(0.625 ln 0.625 + 0.375 ln 0.375) = 0.6616;
+    # then token 1 is "sampled": log 0.375 = -0.9808. A uniform 4-way step: ln 4 = 1.3863.
+    rec = _Recorder()
+    rec(torch.zeros(1, 1, dtype=torch.long), kept)
+    rec(torch.tensor([[0, 1]]), torch.zeros(1, 4))
+    logprobs, entropy = rec.finish(torch.tensor([3]))
+    assert entropy.tolist()[0] == pytest.approx([0.6616, 1.3863], abs=1e-4)
+    assert logprobs.tolist()[0] == pytest.approx([-0.9808, -1.3863], abs=1e-4)

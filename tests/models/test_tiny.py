@@ -144,3 +144,21 @@ def test_bad_model_folders_are_named(tiny_model_dir: Path, tmp_path: Path) -> No
     (broken / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(ModelDirError, match="model_type 'llama' is not supported"):
         check_model_dir(broken)
+
+
+def test_resolve_model_path_builds_the_tiny_model_once(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    from dart_ray.config import load_config
+    from dart_ray.models import resolve_model_path
+
+    cfg = load_config(None, [f"run.root_dir='{tmp_path}'", "run.seed=4"])
+    path = resolve_model_path(cfg)
+    assert path == (tmp_path / "models" / "tiny-seed4").resolve()
+    stamp = (path / "model.safetensors").stat().st_mtime_ns
+    assert resolve_model_path(cfg) == path
+    assert (path / "model.safetensors").stat().st_mtime_ns == stamp  # reused, not rebuilt
+    given = load_config(None, [f"policy.model_path='{tiny_model_dir}'"])
+    assert resolve_model_path(given) == tiny_model_dir.resolve()
+    with pytest.raises(ModelDirError, match="does not exist"):
+        resolve_model_path(load_config(None, [f"policy.model_path='{tmp_path / 'x'}'"]))
