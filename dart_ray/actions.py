@@ -13,9 +13,9 @@ small hand-written scanner rather than `ast.literal_eval` or a regex over the wh
 accepts the quoting UI-TARS actually writes (`'...'` with backslash escapes) and reports the
 position of what it could not read.
 
-`to_pyautogui` turns an action into the Python code an OSWorld-style desktop runs. Every model
-string enters that code through `repr()` and every coordinate as an `int`, so model text can
-never become code.
+Turning an action into the Python code an OSWorld-style desktop runs is the desktop's job:
+`dart_ray.envs.pyautogui_code` (model strings enter the code only as literals, proven on the
+syntax tree).
 """
 
 from __future__ import annotations
@@ -38,16 +38,11 @@ __all__ = [
     "parse_action",
     "parse_response",
     "smart_resize",
-    "to_pyautogui",
 ]
 
 BOX_START = "<|box_start|>"
 BOX_END = "<|box_end|>"
 SCROLL_DIRECTIONS = ("up", "down", "left", "right")
-WAIT = "WAIT"
-DONE = "DONE"
-FAIL = "FAIL"
-"""Control words of the OSWorld protocol for `wait()`, `finished()` and `call_user()`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,81 +294,3 @@ def format_response(
 ) -> str:
     """`Thought: ...\\nAction: ...`, the UI-TARS-1.5 response format."""
     return f"Thought: {thought}\nAction: {format_action(action, coords, box_tokens)}"
-
-
-# --------------------------------------------------------------------------- pyautogui
-
-_KEY_ALIASES = {
-    "arrowleft": "left",
-    "arrowright": "right",
-    "arrowup": "up",
-    "arrowdown": "down",
-    "cmd": "command",
-    "meta": "win",
-    "super": "win",
-    "control": "ctrl",
-    "escape": "esc",
-    "return": "enter",
-    "spacebar": "space",
-    "pgup": "pageup",
-    "pgdn": "pagedown",
-}
-SCROLL_CLICKS = 5
-"""Wheel clicks per scroll action."""
-
-
-def hotkey_keys(keys: str) -> list[str]:
-    """`'ctrl c'`, `'ctrl+c'` or `'Ctrl + C'` -> ['ctrl', 'c'] (pyautogui key names)."""
-    parts = [p for p in re.split(r"[\s+]+", keys.strip().lower()) if p]
-    return [_KEY_ALIASES.get(p, p) for p in parts]
-
-
-def _xy(p: tuple[float, float] | None, what: str) -> str:
-    if p is None:
-        raise ValueError(f"action needs {what}")
-    return f"{round(p[0])}, {round(p[1])}"
-
-
-def to_pyautogui(action: Action) -> str:
-    """Python code (pyautogui calls) for a GUI action, or WAIT / DONE / FAIL for control ones.
-
-    Model strings only ever appear as `repr()` literals and coordinates as ints, so the result
-    is safe to run whatever the model wrote. Raises ValueError for INVALID (the rollouter
-    decides what an unparseable step does) and for an action missing its point.
-    """
-    k = action.kind
-    if k is ActionKind.CLICK:
-        return f"pyautogui.click({_xy(action.point, 'a point')})"
-    if k is ActionKind.LEFT_DOUBLE:
-        return f"pyautogui.doubleClick({_xy(action.point, 'a point')})"
-    if k is ActionKind.RIGHT_SINGLE:
-        return f"pyautogui.rightClick({_xy(action.point, 'a point')})"
-    if k is ActionKind.DRAG:
-        return (
-            f"pyautogui.moveTo({_xy(action.point, 'a start point')})\n"
-            f"pyautogui.dragTo({_xy(action.end_point, 'an end point')}, duration=0.5, "
-            "button='left')"
-        )
-    if k is ActionKind.HOTKEY:
-        keys = hotkey_keys(action.text or "")
-        if not keys:
-            raise ValueError("hotkey action has no keys")
-        return f"pyautogui.hotkey({', '.join(repr(key) for key in keys)})"
-    if k is ActionKind.TYPE:
-        text = action.text or ""
-        submit = text.endswith("\n")
-        code = f"pyautogui.write({text.removesuffix(chr(10))!r}, interval=0.01)"
-        return code + ("\npyautogui.press('enter')" if submit else "")
-    if k is ActionKind.SCROLL:
-        direction = action.direction if action.direction in SCROLL_DIRECTIONS else "down"
-        amount = SCROLL_CLICKS if direction in ("up", "left") else -SCROLL_CLICKS
-        fn = "scroll" if direction in ("up", "down") else "hscroll"
-        where = f", x={round(action.point[0])}, y={round(action.point[1])}" if action.point else ""
-        return f"pyautogui.{fn}({amount}{where})"
-    if k is ActionKind.WAIT:
-        return WAIT
-    if k is ActionKind.FINISHED:
-        return DONE
-    if k is ActionKind.CALL_USER:
-        return FAIL
-    raise ValueError(f"an {k.value} action has no code ({action.error})")

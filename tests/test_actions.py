@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ast
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -12,19 +10,14 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
 )
 
 from dart_ray.actions import (
-    DONE,
-    FAIL,
     MAX_PIXELS,
     MIN_PIXELS,
-    WAIT,
     CoordinateMap,
     format_action,
     format_response,
-    hotkey_keys,
     parse_action,
     parse_response,
     smart_resize,
-    to_pyautogui,
 )
 from dart_ray.records import Action, ActionKind
 
@@ -193,59 +186,3 @@ def test_format_then_parse_round_trips(action: Action, box_tokens: bool, thought
 def test_format_refuses_invalid() -> None:
     with pytest.raises(ValueError, match="no text form"):
         format_action(Action(ActionKind.INVALID, error="x"))
-
-
-def test_pyautogui_code_for_each_kind() -> None:
-    assert to_pyautogui(Action(ActionKind.CLICK, point=(10.4, 20.6))) == "pyautogui.click(10, 21)"
-    assert (
-        to_pyautogui(Action(ActionKind.LEFT_DOUBLE, point=(1, 2))) == "pyautogui.doubleClick(1, 2)"
-    )
-    assert (
-        to_pyautogui(Action(ActionKind.RIGHT_SINGLE, point=(1, 2))) == "pyautogui.rightClick(1, 2)"
-    )
-    assert to_pyautogui(Action(ActionKind.HOTKEY, text="Ctrl+Shift  t")) == (
-        "pyautogui.hotkey('ctrl', 'shift', 't')"
-    )
-    assert to_pyautogui(Action(ActionKind.TYPE, text="hi\n")) == (
-        "pyautogui.write('hi', interval=0.01)\npyautogui.press('enter')"
-    )
-    assert to_pyautogui(Action(ActionKind.SCROLL, point=(5, 6), direction="down")) == (
-        "pyautogui.scroll(-5, x=5, y=6)"
-    )
-    assert to_pyautogui(Action(ActionKind.SCROLL, direction="left")) == "pyautogui.hscroll(5)"
-    assert to_pyautogui(Action(ActionKind.WAIT)) == WAIT
-    assert to_pyautogui(Action(ActionKind.FINISHED, text="x")) == DONE
-    assert to_pyautogui(Action(ActionKind.CALL_USER)) == FAIL
-    with pytest.raises(ValueError, match="no code"):
-        to_pyautogui(Action(ActionKind.INVALID, error="bad"))
-    assert hotkey_keys("arrowleft + CMD") == ["left", "command"]
-
-
-def _only_pyautogui_calls_with_literals(code: str) -> list[ast.Call]:
-    calls = []
-    for stmt in ast.parse(code).body:
-        assert isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
-        call = stmt.value
-        assert isinstance(call.func, ast.Attribute) and call.func.value.id == "pyautogui"  # type: ignore[attr-defined]
-        for arg in [*call.args, *(k.value for k in call.keywords)]:
-            assert isinstance(arg, ast.Constant | ast.UnaryOp), ast.dump(arg)
-        calls.append(call)
-    return calls
-
-
-@settings(max_examples=400, deadline=None)
-@given(st.text())
-def test_model_text_never_becomes_code(text: str) -> None:
-    # whatever the model typed, the code is pyautogui calls on literals that evaluate back to
-    # exactly that text: nothing in it can run
-    for action in (Action(ActionKind.TYPE, text=text), Action(ActionKind.HOTKEY, text=text)):
-        try:
-            code = to_pyautogui(action)
-        except ValueError:
-            assert action.kind is ActionKind.HOTKEY and not hotkey_keys(text)
-            continue
-        calls = _only_pyautogui_calls_with_literals(code)
-        if action.kind is ActionKind.TYPE:
-            assert ast.literal_eval(calls[0].args[0]) == text.removesuffix("\n")
-        else:
-            assert [ast.literal_eval(a) for a in calls[0].args] == hotkey_keys(text)
