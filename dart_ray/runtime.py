@@ -137,7 +137,11 @@ class Parts:
                 resources_per_worker={"CPU": c.train.cpus_per_worker},
             ),
             torch_config=TorchConfig(backend="nccl" if c.train.use_gpu else "gloo"),
-            run_config=RunConfig(storage_path=str(self.run_dir / "ray_train"), name="trainer"),
+            # a unique name per fit: Ray Train's clean-up of an earlier fit in the same Ray
+            # session removed the placement group of a later fit that shared its name
+            run_config=RunConfig(
+                storage_path=str(self.run_dir / "ray_train"), name=f"trainer-{job.session}"
+            ),
         )
 
     def evaluate(self, n: int) -> EvalResult | None:

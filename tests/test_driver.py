@@ -40,6 +40,8 @@ def test_a_short_run_accounts_for_everything(mode: str, tmp_path: Path) -> None:
             "curation.drop_no_signal=false",
             "train.save_every=1",
             f"policy.http_port={8130 if mode == 'sync' else 8131}",
+            # decoupled: two rollouters (tasks and sessions sharded) feed one curator
+            f"rollout.rollouters={1 if mode == 'sync' else 2}",
         ],
     )
     report = driver.train(cfg)
