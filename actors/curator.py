@@ -166,6 +166,7 @@ class Curator:
         m["dropped"] = dict(self.core.metrics.dropped)
         m["staleness"] = dict(self.core.metrics.staleness)
         m["in_flight_steps"] = len(self.core.in_flight)
+        m["steps_handed"] = self.core.steps_handed
         return m
 
     async def shutdown(self) -> int:

@@ -29,8 +29,11 @@ Reported per mode, and as ratios decoupled / sync next to DART-GUI's:
 Between the runs Serve and Ray are shut down, so the second run starts on a fresh local Ray
 (the latency variables are set in this process before either run starts Ray, and Ray's
 workers inherit them). The rollouter and session statistics are read just before the driver
-tears the parts down (a wrapper around `runtime.stop`). Prints a table and the command,
-writes JSON to benchmarks/results/decoupling.json.
+tears the parts down (a wrapper around `runtime.stop`). Both modes train one group per step
+and save durably every version: with the defaults the driver's sync loop can wait forever
+(docs/BENCHMARKS.md); a watchdog stops a run that outlives its budget by `--grace` seconds,
+and no verdict is given when it had to. Prints a table and the command, writes JSON to
+benchmarks/results/decoupling.json.
 
     .venv/bin/python benchmarks/decoupling.py --minutes 4 --scale 0.1
 """

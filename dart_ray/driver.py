@@ -35,17 +35,20 @@ def _policy_version(parts: runtime.Parts) -> int:
     return int(parts.policy.version.remote().result())
 
 
-def _sync_iteration(parts: runtime.Parts, trainer: threading.Thread) -> None:
-    """Roll out one step's groups, then wait until they are trained (or cannot be)."""
+def _sync_iteration(parts: runtime.Parts, trainer: threading.Thread, deadline: float) -> None:
+    """Roll out one step's groups, then wait until the trainer has published a new version,
+    or until nothing more can train without more rollouts (every group was dropped, or the
+    curator holds fewer trainable groups than a step needs), or the budget runs out."""
     v = _policy_version(parts)
     groups = parts.config.curation.groups_per_step
     ray.get([r.run.remote(max_groups=groups) for r in parts.rollouters])
-    while trainer.is_alive() and _policy_version(parts) == v:
+    while trainer.is_alive() and _policy_version(parts) == v and time.monotonic() < deadline:
         buffer = parts.store.log.buffer(parts.run_id)
-        unsettled = sum(n for (_, state), n in buffer.items() if state in (0, 1))
+        available = sum(n for (_, state), n in buffer.items() if state == 0)
         m = ray.get(parts.curator.metrics.remote())
-        if unsettled == 0 and m["queue_depth"] == 0 and not m["in_flight_steps"]:
-            return  # every group was dropped (no learning signal): roll out more
+        trained = len(ray.get(parts.control.history.remote()))
+        if available == 0 and m["queue_depth"] == 0 and m["steps_handed"] <= trained:
+            return  # no step is forming or training: roll out more
         time.sleep(0.5)
 
 
@@ -62,8 +65,8 @@ def train(config: Config, on_tick: Callable[[runtime.Parts], None] | None = None
     while trainer.is_alive():
         if time.monotonic() > deadline:
             ray.get(parts.control.request_stop.remote("run.max_minutes reached"))
-        if config.run.mode == "sync":
-            _sync_iteration(parts, trainer)
+        if config.run.mode == "sync" and time.monotonic() < deadline:
+            _sync_iteration(parts, trainer, deadline)
         else:
             trainer.join(timeout=1.0)
         if on_tick is not None:

@@ -256,6 +256,11 @@ class CuratorCore:
         self._update_gauges()
         return n
 
+    @property
+    def steps_handed(self) -> int:
+        """Steps handed to a trainer so far (the next step's number)."""
+        return self._next_step
+
     # ------------------------------------------------------------------ helpers
 
     def _sub_claims(self, rows: list[int]) -> list[Claim]:
