@@ -168,6 +168,11 @@ class Parts:
 
 def start(config: Config) -> Parts:
     """Bring up every part of a run (or of a resumed run)."""
+    # Actors and train workers run in other working directories: every path they derive
+    # from the config (the SQLite log, blobs, checkpoints) must be absolute.
+    config = config.model_copy(
+        update={"run": config.run.model_copy(update={"root_dir": config.run.root_dir.resolve()})}
+    )
     run_id = new_run_id(config)
     run_dir = (config.run.root_dir / run_id).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
