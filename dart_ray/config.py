@@ -285,6 +285,9 @@ class TrainConfig(_Section):
     """Train on GPUs (NCCL) instead of CPUs (gloo)."""
     cpus_per_worker: float = Field(default=1.0, gt=0)
     """CPUs each train worker reserves."""
+    max_restarts: int = Field(default=3, ge=0)
+    """Times the trainer is started again after a worker died (from the newest COMPLETED
+    checkpoint, in a new trainer session); the run fails after that."""
     lr: float = Field(default=1e-4, gt=0)
     """AdamW learning rate (DART-GUI: 1e-6 on UI-TARS-7B)."""
     weight_decay: float = Field(default=0.1, ge=0)

@@ -27,6 +27,7 @@ from dart_ray.store.db import (
     init_schema,
     parse_url,
 )
+from dart_ray.store.episodes import EpisodeLedger, EpisodeStart
 from dart_ray.store.log import Claim, DurableLog, LeaseLostError, LogRow, TaskStats
 
 __all__ = [
@@ -34,6 +35,8 @@ __all__ = [
     "CheckpointRegistry",
     "Claim",
     "DurableLog",
+    "EpisodeLedger",
+    "EpisodeStart",
     "LeaseLostError",
     "LogRow",
     "Store",
@@ -67,6 +70,7 @@ class Store:
     log: DurableLog
     checkpoints: CheckpointRegistry
     blobs: BlobStore
+    episodes: EpisodeLedger
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -116,4 +120,5 @@ def open_store(config: Config, *, init: bool = False) -> Store:
         log=DurableLog(engine, retry=retry, success_threshold=config.rollout.success_threshold),
         checkpoints=CheckpointRegistry(engine, retry),
         blobs=BlobStore(blob_uri),
+        episodes=EpisodeLedger(engine, retry),
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -172,13 +173,19 @@ class CheckpointRegistry:
 
     def list(self, run_id: str) -> list[CheckpointRow]:
         cp = checkpoint.c
-        with self.engine.connect() as c:
-            rows = c.execute(
-                sa.select(checkpoint)
-                .where(cp.run_id == run_id, cp.deleted_at.is_(None))
-                .order_by(cp.version_num)
-            ).all()
-        return [_row(r) for r in rows]
+        q = (
+            sa.select(checkpoint)
+            .where(cp.run_id == run_id, cp.deleted_at.is_(None))
+            .order_by(cp.version_num)
+        )
+        return [_row(r) for r in self._fetch(q)]
+
+    def _fetch(self, q: sa.Select[Any]) -> list[sa.Row[Any]]:
+        def read() -> list[sa.Row[Any]]:
+            with self.engine.connect() as c:
+                return list(c.execute(q).all())
+
+        return self.retry.run(read, "checkpoint read")
 
     def latest(self, run_id: str, status: str | None = COMPLETED) -> CheckpointRow | None:
         """The newest checkpoint of a run (with the given status; None means any)."""
@@ -186,6 +193,5 @@ class CheckpointRegistry:
         q = sa.select(checkpoint).where(cp.run_id == run_id, cp.deleted_at.is_(None))
         if status is not None:
             q = q.where(cp.status == status)
-        with self.engine.connect() as c:
-            r = c.execute(q.order_by(cp.version_num.desc()).limit(1)).first()
-        return None if r is None else _row(r)
+        rows = self._fetch(q.order_by(cp.version_num.desc()).limit(1))
+        return _row(rows[0]) if rows else None

@@ -176,6 +176,24 @@ task_stats = sa.Table(
     **_MYSQL_TABLE,
 )
 
+episode_start = sa.Table(
+    "episode_start",
+    metadata,
+    # One row per episode attempt, written before its reset: the audit accounts for every
+    # episode started (a finished one has its rollout_run row under the same trajectory_id).
+    sa.Column("run_id", _ident(), primary_key=True),
+    sa.Column("trajectory_id", _ident(), primary_key=True),
+    sa.Column("task_id", _ident(), nullable=False),
+    sa.Column("group_id", _ident(), nullable=False, server_default=""),
+    sa.Column("group_size", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("trace_id", _ident(), nullable=False, server_default=""),
+    sa.Column("rollouter", _ident(), nullable=False, server_default=""),
+    sa.Column("version_num", sa.BigInteger(), nullable=False, server_default="0"),
+    sa.Column("started_at", _TS, nullable=False, server_default=_NOW),
+    sa.Index("ix_episode_start_rollouter", "run_id", "rollouter"),
+    **_MYSQL_TABLE,
+)
+
 run = sa.Table(
     "run",
     metadata,

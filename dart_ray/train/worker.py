@@ -157,7 +157,7 @@ class Publisher:
             return
         for claims in self.pending.values():
             for c in claims:
-                self.store.log.ack(c)
+                self.store.log.ack(c, in_version=at.version)
         ray.get(self.curator.forget_steps.remote(self.job.session, sorted(self.pending)))
         self.pending.clear()
 
