@@ -220,3 +220,32 @@ def test_the_recorder_would_see_a_smuggled_command(
     ran = json.loads(desk.m.record_to.read_text())
     assert ran["calls"] == []
     assert [e[0] for e in ran["events"] if e[0] != "import"] == ["os.system"]
+
+
+def test_the_server_wants_the_token_and_names_bad_fields(
+    desktop: tuple[OSWorldEnv, RecordingDesktop],
+) -> None:
+    """The handler that runs code, started for real: 401 without the right token (and nothing
+    runs), 400 naming the problem for a malformed body."""
+    import requests
+
+    env, desk = desktop
+    url = env._need_client().base
+    body = {"command": ["python", "-c", "import pyautogui; pyautogui.click(1, 1)"]}
+    desk.argvs.clear()
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "t0ken-for-the-test"}):
+        r = requests.post(url + "/execute", json=body, headers=headers, timeout=10)
+        assert r.status_code == 401 and "bearer token" in r.json()["error"]
+        assert requests.get(url + "/screenshot", headers=headers, timeout=10).status_code == 401
+    assert desk.argvs == []  # nothing ran
+    ok = {"Authorization": "Bearer t0ken-for-the-test"}
+    for raw, message in [
+        (b"{not json", "Expecting property name"),
+        (b"[1, 2]", "the body must be a JSON object"),
+        (b"{}", "'command' is required"),
+        (b'{"command": []}', "'command' must be a string or a non-empty list of strings"),
+        (b'{"command": ["python", 3]}', "'command' must be a string or a non-empty list"),
+    ]:
+        r = requests.post(url + "/execute", data=raw, headers=ok, timeout=10)
+        assert r.status_code == 400 and message in r.json()["error"], (raw, r.text)
+    assert desk.argvs == []
