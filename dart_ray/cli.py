@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dart_ray.config import Config, ConfigError, field_docs, load_config, reference_markdown
+from dart_ray.masking import install_log_masking
 from dart_ray.store import StoreError, open_store
 from dart_ray.store.db import RowState
 from dart_ray.store.runs import get_run, latest_run
@@ -237,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    install_log_masking()  # URL passwords and secrets this process reads never reach a log
     args = build_parser().parse_args(argv)
     out = Console()
     try:

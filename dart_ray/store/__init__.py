@@ -16,6 +16,7 @@ from sqlalchemy.engine import URL, Engine
 from sqlalchemy.exc import DBAPIError
 
 from dart_ray.config import Config, ConfigError, read_secret
+from dart_ray.masking import remember
 from dart_ray.store.blobs import BlobStore
 from dart_ray.store.checkpoints import CheckpointRegistry
 from dart_ray.store.db import (
@@ -54,7 +55,9 @@ def resolve_url(config: Config) -> URL:
         dsn = os.environ.get(sc.dsn_env)
         if not dsn:
             raise ConfigError(f"store.dsn_env names ${sc.dsn_env}, which is not set")
-        return parse_url(dsn)
+        url = parse_url(dsn)
+        remember(url.password)  # type: ignore[arg-type]  # never logged by this process
+        return url
     if sc.dsn is None:
         return parse_url(f"sqlite:///{(config.run.root_dir / 'dart-ray.sqlite').resolve()}")
     password = read_secret(sc.password_env, sc.password_file)

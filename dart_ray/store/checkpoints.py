@@ -18,6 +18,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from dart_ray.masking import mask_text
 from dart_ray.store.db import RetryPolicy, checkpoint
 from dart_ray.store.log import utcnow
 
@@ -83,7 +84,12 @@ class CheckpointRegistry:
         remark: str = "",
         config_yaml: str | None = None,
     ) -> int:
-        """Register version `version_num` of a run as PENDING; returns its id (idempotent)."""
+        """Register version `version_num` of a run as PENDING; returns its id (idempotent).
+
+        `config_yaml` (e.g. `Config.redacted_yaml()`) is masked once more before it is stored.
+        """
+        if config_yaml is not None:
+            config_yaml = mask_text(config_yaml)
 
         def txn() -> int:
             cp = checkpoint.c
@@ -157,7 +163,8 @@ class CheckpointRegistry:
             raise CheckpointStateError(f"checkpoint {cid} is not COMPLETED; cannot attach {path}")
 
     def fail(self, cid: int, error: str) -> None:
-        self._move(cid, FAILED, finished_at=utcnow(), error=error[:60000])
+        # the reason is often an exception's text, which may quote a DSN or a header
+        self._move(cid, FAILED, finished_at=utcnow(), error=mask_text(error)[:60000])
 
     def deprecate(self, cid: int) -> None:
         self._move(cid, DEPRECATED)

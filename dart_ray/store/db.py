@@ -25,6 +25,8 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 
+from dart_ray.masking import mask_text
+
 log = logging.getLogger(__name__)
 
 metadata = sa.MetaData()
@@ -285,7 +287,7 @@ def parse_url(dsn: str | URL, password: str | None = None) -> URL:
         url = make_url(dsn)
     except ArgumentError:
         raise StoreError(
-            f"store.dsn {str(dsn)!r} is not a database URL "
+            f"store.dsn {mask_text(str(dsn))!r} is not a database URL "
             "(expected e.g. mysql+pymysql://user@host:3306/db or sqlite:///path.db)"
         ) from None
     if password is not None:

@@ -118,7 +118,9 @@ class Publisher:
         """Put once, every replica loads in place; returns (checkpoint id, seconds)."""
         t0 = time.monotonic()
         cps = self.store.checkpoints
-        cid = cps.create(self.job.run_id, version, source="train")
+        cid = cps.create(
+            self.job.run_id, version, source="train", config_yaml=self.job.config.redacted_yaml()
+        )
         cps.start(cid)
         try:
             ref = ray.put(pack(state))  # once; replicas on this node read it zero-copy
