@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from dart_ray.store.db import create_engine
+from dart_ray.store.db import create_engine, init_schema
 from dart_ray.testing.mariadb import TemporaryMariaDB, mariadb_available
 from dart_ray.testing.raycluster import LocalCluster, free_port
 
@@ -125,6 +125,9 @@ def world(tmp_path: Path) -> Iterator[World]:
     engine = create_engine(db.url + "/")
     with engine.begin() as c:
         c.execute(sa.text("CREATE DATABASE dart"))
+    engine.dispose()
+    engine = create_engine(db.url + "/dart")
+    init_schema(engine)  # `dart-ray db init`'s work, so the test can poll before the run starts
     engine.dispose()
     cluster = LocalCluster(str(BIN / "ray"), {"PATH": f"{BIN}:/usr/bin:/bin", "RAY_ADDRESS": ""})
     try:

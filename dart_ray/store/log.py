@@ -289,8 +289,10 @@ class DurableLog:
                 a["last_success_uri"] = uri
                 a["last_success_trajectory_id"] = t.trajectory_id
                 a["last_success_version"] = t.min_version
-        for values in agg.values():
-            c.execute(self._upsert_task_stats(values))
+        # in key order: concurrent appenders then lock task_stats rows in the same order
+        # instead of deadlocking on each other
+        for key in sorted(agg):
+            c.execute(self._upsert_task_stats(agg[key]))
 
     def _upsert_task_stats(self, values: dict[str, Any]) -> sa.Executable:
         ts = task_stats.c
