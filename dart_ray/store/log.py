@@ -446,10 +446,15 @@ class DurableLog:
 
     # ------------------------------------------------------------------ settle a claim
 
-    def ack(self, claim: Claim, row_ids: Sequence[int] | None = None) -> int:
+    def ack(
+        self, claim: Claim, row_ids: Sequence[int] | None = None, *, into: str | None = None
+    ) -> int:
         """Mark rows of a claim trained (all of them by default). Raises LeaseLostError if
-        any row is no longer held by this claim; then nothing is acknowledged."""
-        return self._settle(claim, row_ids, RowState.CONSUMED, "ACK", used_delta=1)
+        any row is no longer held by this claim; then nothing is acknowledged.
+
+        `into` names the durable checkpoint (`v7`) whose weights first include these rows;
+        it is the ACK events' `reason`, the lineage from a checkpoint to its trajectories."""
+        return self._settle(claim, row_ids, RowState.CONSUMED, "ACK", used_delta=1, reason=into)
 
     def drop(self, claim: Claim, row_ids: Sequence[int], reason: str) -> int:
         """Mark rows of a claim never to be trained, with a short reason (e.g. `stale`)."""
@@ -521,7 +526,7 @@ class DurableLog:
             values: dict[str, Any] = {"state": to_state, "lease_expires_at": None}
             if used_delta:
                 values["used"] = rr.used + used_delta
-            if reason is not None:
+            if reason is not None and to_state == RowState.DROPPED:
                 values["drop_reason"] = reason
             if to_state == RowState.AVAILABLE:
                 values.update(claim_id=None, claimed_by=None, claimed_at=None)

@@ -42,6 +42,7 @@ from torch.distributed.checkpoint.state_dict import (
 from dart_ray.config import Config
 from dart_ray.models.loading import PolicyProcessor, load_model
 from dart_ray.store import Claim, Store, open_store
+from dart_ray.store.log import model_version_name
 from dart_ray.train.checkpointing import TrainerState, read_trainer_state, save_checkpoint
 from dart_ray.train.fsdp import comm_device, full_state_dict, shard_model
 from dart_ray.train.learner import Learner, LossSettings
@@ -155,9 +156,10 @@ class Publisher:
             self.store.checkpoints.complete(cid, path)
         if path is None:
             return
+        into = model_version_name(at.version)  # lineage: these rows are in this checkpoint
         for claims in self.pending.values():
             for c in claims:
-                self.store.log.ack(c)
+                self.store.log.ack(c, into=into)
         ray.get(self.curator.forget_steps.remote(self.job.session, sorted(self.pending)))
         self.pending.clear()
 
