@@ -207,6 +207,15 @@ def _how(cmd: str) -> How:
     return matches[0]
 
 
+def test_configuration_reference_is_current() -> None:
+    """docs/CONFIGURATION.md is what `dart-ray config show --markdown` prints today."""
+    from dart_ray.config import reference_markdown
+
+    assert (REPO / "docs" / "CONFIGURATION.md").read_text() == reference_markdown(), (
+        "regenerate: dart-ray config show --markdown > docs/CONFIGURATION.md"
+    )
+
+
 def test_every_doc_command_has_a_test() -> None:
     cmds = doc_commands()
     assert len(cmds) > 20

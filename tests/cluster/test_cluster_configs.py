@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -94,20 +95,30 @@ def test_local_workers_pick_their_role_from_the_machine(tmp_path: Path, recipe: 
     assert cfg["file_mounts"]["~/dart-ray-cluster"] == "cluster"
     env_name = next(iter(session_options(recipe.env)["resources"]))
 
-    def run(path: str) -> dict[str, int]:
+    # a PATH with only the tools the script uses, so the machine running the test (which
+    # may have a GPU) does not decide the answer
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for tool in ("nproc", "grep"):
+        found = shutil.which(tool)
+        assert found is not None
+        (tools / tool).symlink_to(found)
+
+    def run(*extra: Path) -> dict[str, int]:
+        path = ":".join(str(p) for p in (*extra, tools))
         env = {"PATH": path, "DART_RAY_CPUS_PER_ENV": "1"}
         out = subprocess.run(
             ["/bin/bash", str(script)], env=env, capture_output=True, text=True, check=True
         )
         return json.loads(out.stdout)
 
-    cpu = run("/usr/bin:/bin")
+    cpu = run()
     assert cpu == {env_name: len(os.sched_getaffinity(0))}  # a unit per core (CPUS_PER_ENV=1)
-    fake = tmp_path / "bin"
+    fake = tmp_path / "gpu"
     fake.mkdir()
     (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 (UUID: GPU-0)'\n")
     (fake / "nvidia-smi").chmod(0o755)
-    assert run(f"{fake}:/usr/bin:/bin") == {}  # a GPU machine offers no env units
+    assert run(fake) == {}  # a GPU machine offers no env units
 
 
 def _rayclusters() -> dict[str, Any]:
