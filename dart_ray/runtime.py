@@ -269,7 +269,10 @@ def stop(parts: Parts) -> None:
         log.warning("curator shutdown: %s", e)
     grown: list[Any] = []
     if parts.grower is not None:
-        grown = ray.get(parts.grower.sessions.remote())
+        try:
+            grown = ray.get(parts.grower.sessions.remote(), timeout=60)
+        except (ray.exceptions.RayError, TimeoutError) as e:  # its sessions die with the job
+            log.warning("env pool grower: %s", e)
         ray.kill(parts.grower)
     for a in [*parts.rollouters, parts.curator, parts.control, *parts.sessions, *grown]:
         ray.kill(a)

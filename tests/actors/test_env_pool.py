@@ -93,6 +93,37 @@ def test_the_pool_grows_as_env_units_appear(grown: list[ray.actor.ActorHandle]) 
         ray.kill(r)
 
 
+@pytest.mark.usefixtures("ray_local")
+def test_the_grower_actor_reads_the_real_cluster(grown: list[ray.actor.ActorHandle]) -> None:
+    """As `runtime.start` runs it: an actor reading `ray.cluster_resources()` (the test
+    session's Ray has 8 `env` units), capped by env.max_sessions."""
+    import time
+
+    from actors.env_pool import start_grower
+
+    cfg = load_config(
+        None,
+        [
+            "env.num_sessions=1",
+            "env.max_sessions=3",
+            "env.num_cpus=0.01",
+            "env.grow_interval_s=0.2",
+        ],
+    ).env
+    receiver = _Rollouter.remote()  # type: ignore[attr-defined]
+    grower = start_grower(cfg, "pool-real", [receiver], existing=1, name="env-pool:test")
+    deadline = time.monotonic() + 60
+    while len(ray.get(receiver.sessions.remote())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)  # a few more looks: the cap holds
+    got = ray.get(receiver.sessions.remote())
+    grown.extend(ray.get(grower.sessions.remote()))
+    assert len(got) == 2 and len(grown) == 2
+    ray.get(grower.stop.remote())
+    ray.kill(grower)
+    ray.kill(receiver)
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_local")
 def test_a_rollouter_plays_on_sessions_it_is_given(tiny_model_dir: Path, tmp_path: Path) -> None:
