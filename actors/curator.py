@@ -14,15 +14,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import asdict, dataclass
 
 import pyarrow as pa
 import ray
+from ray.util import metrics as ray_metrics
 
 from dart_ray.config import Config
 from dart_ray.data.curation import CurationParams
 from dart_ray.data.curator import CuratorCore, CuratorSettings, TrainStep
 from dart_ray.store import Claim, open_store
+from dart_ray.store.db import RowState
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +65,40 @@ def settings_from_config(config: Config, run_id: str, num_ranks: int) -> Curator
     )
 
 
+class _BufferMetrics:
+    """The buffer's health on the dashboard: unused rows in the log, rows the curator holds,
+    steps queued, staleness of what it claimed, drops by reason."""
+
+    def __init__(self, run_id: str) -> None:
+        tags = {"run_id": run_id}
+
+        def gauge(name: str, doc: str) -> ray_metrics.Gauge:
+            g = ray_metrics.Gauge(name, doc, ("run_id",))
+            g.set_default_tags(tags)
+            return g
+
+        self.available = gauge("dart_buffer_unused_rows", "Logged trajectories not yet claimed")
+        self.held = gauge("dart_curator_held_rows", "Claimed rows waiting to be trained")
+        self.queue = gauge("dart_curator_queue_depth", "Curated steps waiting for the trainer")
+        self.staleness = gauge("dart_staleness_mean", "Mean version lag of the rows claimed so far")
+        self.dropped = ray_metrics.Gauge(
+            "dart_dropped_rows", "Rows dropped so far, by reason", ("run_id", "reason")
+        )
+        self.dropped.set_default_tags(tags)
+
+    def update(self, core: CuratorCore, available: int | None) -> None:
+        m = core.metrics
+        if available is not None:
+            self.available.set(available)
+        self.held.set(m.held_rows)
+        self.queue.set(m.queue_depth)
+        n = sum(m.staleness.values())
+        if n:
+            self.staleness.set(sum(lag * k for lag, k in m.staleness.items()) / n)
+        for reason, k in m.dropped.items():
+            self.dropped.set(k, tags={"reason": reason})
+
+
 @ray.remote(num_cpus=0.25, max_restarts=-1, max_task_retries=-1)
 class Curator:
     def __init__(
@@ -77,6 +114,18 @@ class Curator:
         self._session = -1
         self._changed = asyncio.Event()
         self._poller: asyncio.Task[None] | None = None
+        self._run_id = run_id
+        self._gauges = _BufferMetrics(run_id)
+        self._buffer_read_at = 0.0
+
+    def _export(self) -> None:
+        """Gauges after a poll; the log's unused count at most every 2 s (one GROUP BY)."""
+        available = None
+        if time.monotonic() - self._buffer_read_at > 2.0:
+            self._buffer_read_at = time.monotonic()
+            buffer = self.core.log.buffer(self._run_id)
+            available = sum(n for (_, st), n in buffer.items() if st == RowState.AVAILABLE)
+        self._gauges.update(self.core, available)
 
     async def _ensure_poller(self) -> None:
         if self._poller is None:
@@ -87,6 +136,7 @@ class Curator:
             try:
                 async with self._lock:
                     await asyncio.to_thread(self.core.poll)
+                    await asyncio.to_thread(self._export)
                 self._changed.set()
             except Exception:  # keep curating; the error is logged with its traceback
                 log.exception("curator poll failed; retrying")

@@ -17,7 +17,7 @@ builds a new environment on the next reset.
 The session also measures itself: seconds busy inside environment calls versus seconds alive.
 The busy fraction is "environment utilisation", the figure DART-GUI reports 5.5x better for
 decoupled rollout than for a synchronous pipeline. It is returned by `stats()` and exported as
-Ray metrics (`dart_env_busy_seconds`, `dart_env_utilisation`) when running inside Ray.
+Ray metrics (`dart_env_busy_seconds`, `dart_env_session_busy_fraction`) when running inside Ray.
 
 `start_session(config)` creates the actor with fractional CPUs (`env.num_cpus`) and one unit of
 the custom resource `env.resource`, so sessions can be placed on CPU-only environment nodes.
@@ -273,7 +273,7 @@ class _Metrics:
             "dart_env_busy_seconds", "Seconds spent inside environment calls", tag_keys=keys
         )
         self._util = metrics.Gauge(
-            "dart_env_utilisation", "Busy fraction of the session's life", tag_keys=keys
+            "dart_env_session_busy_fraction", "Busy fraction of the session's life", tag_keys=keys
         )
         self._busy.set_default_tags(tags)
         self._util.set_default_tags(tags)

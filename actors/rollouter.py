@@ -6,6 +6,10 @@ with the same trace id, up to `rollout.max_retries` times; then the slot is reco
 ENV_ERROR, and the curator will not train its group. The next episode starts the moment one
 finishes (rollout-wise sampling).
 
+Every episode is recorded in the episode ledger before it starts. A rollouter restarted
+by Ray (it has unlimited restarts) first logs the episodes of its earlier life that never
+finished as ABORTED; the driver then calls `run()` again.
+
 Decoupled mode calls `run()` once and the rollouter never waits for training. The
 synchronous baseline calls `run(max_groups=n)` per iteration: it opens n groups, finishes
 them, and returns, so every part waits for the slowest.
@@ -16,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,9 +32,17 @@ from ray.util import metrics
 from dart_ray.config import Config
 from dart_ray.engines.base import SamplingParams
 from dart_ray.records import Status, Task, Trajectory
-from dart_ray.rollout.episode import EpisodeSettings, RaySession, ServePolicy, Slot, run_episode
+from dart_ray.rollout.episode import (
+    EpisodeSettings,
+    RaySession,
+    ServePolicy,
+    Slot,
+    new_trajectory_id,
+    run_episode,
+)
 from dart_ray.rollout.scheduler import PlannedSlot, Scheduler, TaskHistory
-from dart_ray.store import open_store
+from dart_ray.store import EpisodeStart, open_store
+from dart_ray.store.episodes import log_unfinished
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +57,9 @@ class RolloutReport:
     episode_s: float = 0.0
     """Session-seconds spent inside episodes."""
     wall_s: float = 0.0
+    """Seconds since the first `run()` began, to the end of the last one: in the synchronous
+    baseline this includes the waits for training between iterations, which is the idle time
+    the utilisation must count."""
     sessions: int = 0
 
     @property
@@ -73,7 +89,7 @@ class _Metrics:
             m.set_default_tags(tags)
 
 
-@ray.remote(num_cpus=0.1)
+@ray.remote(num_cpus=0.1, max_restarts=-1)
 class Rollouter:
     def __init__(
         self,
@@ -88,6 +104,8 @@ class Rollouter:
         self.run_id = run_id
         self.store = open_store(config)
         mine = tasks[shard[0] :: shard[1]]
+        self._tasks = {t.task_id: t for t in mine}
+        self.name = f"rollouter-{shard[0]}"
         self.scheduler = Scheduler(
             mine,
             n_rollouts=config.rollout.n_rollouts,
@@ -95,6 +113,7 @@ class Rollouter:
             history=self._history,
             dynamic=config.curation.dynamic_rollouts,
             seed=config.run.seed + shard[0],
+            incarnation=f"{uuid.uuid4().hex[:6]}-",
         )
         self.policy = ServePolicy(serve.get_deployment_handle("PolicyServer", policy_app))
         self.sessions = sessions
@@ -116,6 +135,26 @@ class Rollouter:
         self._rewards: list[float] = []
         self._metrics = _Metrics(run_id)
         self._active = 0
+        self._first_run: float | None = None
+        self.reconciled = self._reconcile()
+
+    def _reconcile(self) -> int:
+        """Log as ABORTED every episode this rollouter started in an earlier life (it was
+        killed, or the run was) that never reached the log; returns how many."""
+        lost = log_unfinished(
+            self.store,
+            self.run_id,
+            "in flight when its rollouter stopped (killed, or the run was)",
+            rollouter=self.name,
+            tasks=self._tasks,
+            env_kind=self.c.env.kind,
+        )
+        self.report.logged[Status.ABORTED.value] += len(lost)
+        if lost:
+            log.warning(
+                "%s: %d episodes of an earlier life logged as ABORTED", self.name, len(lost)
+            )
+        return len(lost)
 
     def _history(self, task_id: str) -> TaskHistory:
         window = 2 * self.c.rollout.n_rollouts
@@ -153,7 +192,8 @@ class Rollouter:
         """Keep `rollout.in_flight` episodes going until stopped, or until `max_groups` new
         groups have all finished (the synchronous baseline)."""
         self._stop = False
-        t0 = time.monotonic()
+        if self._first_run is None:
+            self._first_run = time.monotonic()
         opened_at_start = self.scheduler.groups_opened
         running: set[asyncio.Task[None]] = set()
 
@@ -180,9 +220,13 @@ class Rollouter:
                 for d in done:
                     d.result()  # surface bugs; environment and policy failures never raise
         finally:
-            self.report.wall_s += time.monotonic() - t0
-            self._metrics.occupancy.set(self.report.occupancy)
+            self._publish_occupancy()
         return self.report
+
+    def _publish_occupancy(self) -> None:
+        if self._first_run is not None:
+            self.report.wall_s = time.monotonic() - self._first_run
+            self._metrics.occupancy.set(self.report.occupancy)
 
     async def _slot(self, planned: PlannedSlot) -> None:
         """One rollout slot: an episode, its retries on ABORTED, and the final record."""
@@ -220,7 +264,19 @@ class Rollouter:
         self.report.started += 1
         t0 = time.monotonic()
         try:
-            slot = Slot(planned.group_id, planned.group_size, trace, self.version, self.run_id)
+            tid = new_trajectory_id(planned.group_id)
+            start = EpisodeStart(
+                self.run_id,
+                tid,
+                planned.task.task_id,
+                planned.group_id,
+                planned.group_size,
+                trace or tid,
+                self.name,
+                self.version,
+            )
+            await asyncio.to_thread(self.store.episodes.start, start)
+            slot = Slot(planned.group_id, planned.group_size, trace, self.version, self.run_id, tid)
             settings = EpisodeSettings(**{**self.settings.__dict__, "max_steps": planned.max_steps})
             traj = await run_episode(RaySession(session), self.policy, planned.task, slot, settings)
         finally:
@@ -228,6 +284,7 @@ class Rollouter:
             self._active -= 1
             self._metrics.in_flight.set(self._active)
             self.idle.put_nowait(session)
+            self._publish_occupancy()
         if traj.steps:
             self.version = max(self.version, traj.max_version)
         return traj

@@ -14,11 +14,9 @@ Reported per mode, and as ratios decoupled / sync next to DART-GUI's:
 
 - environment utilisation: session-seconds inside episodes (reset, policy calls, steps,
   evaluation) over sessions x the run's wall time. The driver's own figure
-  (`RunReport.env_utilisation`) divides by the rollouter's `wall_s`, which only grows while
-  `Rollouter.run()` executes; in sync mode `run()` is called once per iteration and returns
-  before the training wait, so that figure leaves out exactly the idle time the baseline is
-  about. Both are shown; the ratios use the whole-run definition, the same for both modes.
-  The sessions' own busy fraction (time inside env calls only, `EnvSession.stats()`) is
+  (`RunReport.env_utilisation`) divides by the time since the rollouters first started
+  (the waits between synchronous iterations included), so the two differ only by the
+  start-up before the first episode. The sessions' own busy fraction (time inside env calls only, `EnvSession.stats()`) is
   shown too;
 - trainer utilisation (`RunReport.trainer_utilisation`: optimizer-step and weight-sync time
   over wall time);
@@ -29,11 +27,13 @@ Reported per mode, and as ratios decoupled / sync next to DART-GUI's:
 Between the runs Serve and Ray are shut down, so the second run starts on a fresh local Ray
 (the latency variables are set in this process before either run starts Ray, and Ray's
 workers inherit them). The rollouter and session statistics are read just before the driver
-tears the parts down (a wrapper around `runtime.stop`). Both modes train one group per step
-and save durably every version: with the defaults the driver's sync loop can wait forever
-(docs/BENCHMARKS.md); a watchdog stops a run that outlives its budget by `--grace` seconds,
-and no verdict is given when it had to. Prints a table and the command, writes JSON to
-benchmarks/results/decoupling.json.
+tears the parts down (a wrapper around `runtime.stop`). The defaults are shaped like
+DART-GUI's setting: a pool of 32 sessions, a training step (and the synchronous batch) of
+8 tasks x 4 rollouts, episodes truncated after 6 steps, resets "seconds to a minute"
+(median 10 s, sigma 1.0: p5 1.9 s, p95 52 s) and steps of 1-5 s, all scaled by `--scale`.
+Both modes save durably every version. A watchdog stops a run that outlives its budget by
+`--grace` seconds, and no verdict is given when it had to. Prints a table and the command,
+writes JSON to benchmarks/results/decoupling.json.
 
     .venv/bin/python benchmarks/decoupling.py --minutes 4 --scale 0.1
 """
@@ -188,12 +188,11 @@ def make_config(args: argparse.Namespace, mode: str, index: int, root: Path) -> 
         f"rollout.in_flight={args.sessions}",
         f'policy.model_path="{REPO_ROOT / "fixtures" / "tiny-sft"}"',
         f"policy.http_port={args.port + index}",
-        # Work-arounds for two ways the driver's sync loop waits forever (docs/BENCHMARKS.md):
-        # it counts CLAIMED rows as still to be trained, but the curator holds a trainable
-        # group CLAIMED until `groups_per_step` of them are ready (which needs more rollouts,
-        # which the loop does not start), and the trainer holds trained rows CLAIMED until a
-        # durable save. Applied to both modes, so they still differ only in run.mode.
-        "curation.groups_per_step=1",
+        # A synchronous batch the size of DART-GUI's (tasks x rollouts over the whole pool):
+        # `groups_per_step` groups of `n_rollouts`, one episode per session.
+        f"rollout.n_rollouts={args.rollouts}",
+        f"curation.groups_per_step={args.groups}",
+        f"rollout.max_steps={args.max_steps}",
         "train.save_every=1",
         *args.set,
     ]
@@ -297,7 +296,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--minutes", type=float, default=4.0, help="wall budget of each mode")
     p.add_argument("--scale", type=float, default=0.1, help="DART_LATENCY_SCALE")
     p.add_argument("--seed", type=int, default=0, help="DART_LATENCY_SEED")
-    p.add_argument("--sessions", type=int, default=4, help="env sessions (and in-flight)")
+    p.add_argument("--sessions", type=int, default=32, help="env sessions (and in flight)")
+    p.add_argument("--groups", type=int, default=8, help="groups per train step (sync batch)")
+    p.add_argument("--rollouts", type=int, default=4, help="rollouts per group")
+    p.add_argument("--max-steps", type=int, default=6, help="steps before truncation")
+    p.add_argument("--reset-median", type=float, default=10.0, help="reset median, s at scale 1")
+    p.add_argument("--reset-sigma", type=float, default=1.0, help="reset lognormal sigma")
     p.add_argument("--modes", default="decoupled,sync")
     p.add_argument("--config", type=Path, default=REPO_ROOT / "configs" / "tiny-cpu.toml")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -316,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     # Before any ray.init: the EnvSession actors' processes inherit these.
     os.environ["DART_LATENCY_SCALE"] = str(args.scale)
     os.environ["DART_LATENCY_SEED"] = str(args.seed)
+    os.environ["DART_LATENCY_RESET_MEDIAN"] = str(args.reset_median)
+    os.environ["DART_LATENCY_RESET_SIGMA"] = str(args.reset_sigma)
     profile = LatencyProfile.from_env()
     root = args.root or Path(tempfile.mkdtemp(prefix="dart-ray-decoupling-"))
     t0 = time.perf_counter()

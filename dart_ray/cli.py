@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dart_ray.config import Config, ConfigError, field_docs, load_config, reference_markdown
+from dart_ray.masking import install_log_masking
 from dart_ray.store import StoreError, open_store
 from dart_ray.store.db import RowState
 from dart_ray.store.runs import get_run, latest_run
@@ -128,6 +129,26 @@ def cmd_status(args: argparse.Namespace, out: Console) -> int:
         store.dispose()
 
 
+def cmd_audit(args: argparse.Namespace, out: Console) -> int:
+    from dart_ray.audit import audit, render
+
+    cfg = _load(args)
+    store = open_store(cfg)
+    try:
+        if get_run(store.engine, args.run) is None:
+            where = store.engine.url.render_as_string(hide_password=True)
+            print(f"dart-ray audit: no record of run {args.run!r} in {where}", file=sys.stderr)
+            return 2
+        report = audit(store.engine, args.run, live=args.live)
+    finally:
+        store.dispose()
+    if args.json:
+        print(report.to_json())
+    else:
+        print(render(report))
+    return 0 if report.ok else 1
+
+
 def cmd_model_init(args: argparse.Namespace, out: Console) -> int:
     from pathlib import Path
 
@@ -182,6 +203,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(status)
     status.set_defaults(fn=cmd_status)
 
+    aud = sub.add_parser(
+        "audit", help="prove from the log that a run lost and replayed nothing (exit 1 if not)"
+    )
+    aud.add_argument("run", help="run id")
+    aud.add_argument(
+        "--live", action="store_true", help="the run is going: episodes in flight are no breach"
+    )
+    aud.add_argument("--json", action="store_true", help="print the report as JSON")
+    _add_config_args(aud)
+    aud.set_defaults(fn=cmd_audit)
+
     from dart_ray.actions import MAX_PIXELS, MIN_PIXELS
     from dart_ray.cli_train import add_parser as add_train
     from dart_ray.cli_train import add_sft_eval
@@ -206,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    install_log_masking()  # URL passwords and secrets this process reads never reach a log
     args = build_parser().parse_args(argv)
     out = Console()
     try:

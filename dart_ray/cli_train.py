@@ -16,6 +16,9 @@ def run_train(config: Config, out: Console) -> int:
     from dart_ray import driver, runtime
     from dart_ray.report import render
 
+    # bad task files fail here, in one line, before Ray starts or the log is touched
+    runtime.load_suite(config, "train")
+
     progress = Progress(
         TextColumn("{task.description:<14}"),
         BarColumn(),

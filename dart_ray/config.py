@@ -12,12 +12,14 @@ and to store in the `run` table; `redacted()` masks anything that still looks li
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -25,13 +27,26 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from dart_ray.masking import MASK, mask_text, remember
+
 
 class ConfigError(ValueError):
     """A configuration problem, phrased for the person who wrote the config."""
+
+
+def is_loopback(host: str) -> bool:
+    """True for `localhost` and loopback addresses (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class _Section(BaseModel):
@@ -199,11 +214,15 @@ class PolicyConfig(_Section):
     batch_wait_ms: float = Field(default=5.0, ge=0)
     """How long a request waits for others to join its batch."""
     http_host: str = "127.0.0.1"
-    """Address the OpenAI-compatible HTTP route binds to."""
+    """Address the OpenAI-compatible HTTP route binds to; any but a loopback address needs
+    auth_token_file or auth_token_env."""
     http_port: int = Field(default=8000, ge=1, le=65535)
     """Port of the HTTP route."""
     auth_token_env: str | None = None
     """Environment variable holding a bearer token the HTTP route requires (unset: none)."""
+    auth_token_file: Path | None = None
+    """File whose first line is the bearer token the HTTP route requires (wins over
+    auth_token_env; the path must exist on every node that runs a replica)."""
     num_cpus: float = Field(default=1.0, gt=0)
     """CPUs each policy replica reserves (fractional is fine)."""
     num_gpus: float = Field(default=0.0, ge=0)
@@ -243,6 +262,15 @@ class PolicyConfig(_Section):
         if v == 0:
             raise ValueError("must be -1 (whole vocabulary) or at least 1")
         return v
+
+    @model_validator(mode="after")
+    def _token_beyond_loopback(self) -> PolicyConfig:
+        if not is_loopback(self.http_host) and not (self.auth_token_env or self.auth_token_file):
+            raise ValueError(
+                f"policy.http_host = {self.http_host!r} serves beyond this machine: set "
+                "policy.auth_token_file or policy.auth_token_env so the route needs a token"
+            )
+        return self
 
 
 class RolloutConfig(_Section):
@@ -317,6 +345,9 @@ class TrainConfig(_Section):
     gpus_per_worker: float = Field(default=1.0, gt=0)
     """GPUs each train worker reserves when use_gpu (a fraction shares a GPU with a policy
     replica, e.g. 0.5 and policy.num_gpus = 0.5 on a one-GPU machine)."""
+    max_restarts: int = Field(default=3, ge=0)
+    """Times the trainer is started again after a worker died (from the newest COMPLETED
+    checkpoint, in a new trainer session); the run fails after that."""
     lr: float = Field(default=1e-4, gt=0)
     """AdamW learning rate (DART-GUI: 1e-6 on UI-TARS-7B)."""
     weight_decay: float = Field(default=0.1, ge=0)
@@ -400,16 +431,20 @@ class Config(_Section):
         """A JSON-able dict safe to print, log or store (secrets masked)."""
         return redact(self.model_dump(mode="json"))
 
+    def redacted_yaml(self) -> str:
+        """`redacted()` as YAML: what a checkpoint row keeps in `config_yaml`."""
+        return str(yaml.safe_dump(self.redacted(), sort_keys=True))
+
 
 # --------------------------------------------------------------------------- loading
 
 _SECRET_KEY = re.compile(r"(password|passwd|secret|token|api_key|apikey)", re.I)
 _SECRET_REFERENCE = re.compile(r"_(env|file)$")
-MASK = "***"
 
 
 def redact(obj: Any, key: str = "") -> Any:
-    """Mask values under secret-looking keys and passwords inside URLs, recursively.
+    """Mask values under secret-looking keys, passwords inside URLs and every secret this
+    process has read (`dart_ray.masking`), recursively.
 
     Keys ending in `_env`/`_file` name where a secret lives, not the secret, and stay.
     """
@@ -420,15 +455,8 @@ def redact(obj: Any, key: str = "") -> Any:
     if isinstance(obj, str):
         if _SECRET_KEY.search(key) and not _SECRET_REFERENCE.search(key) and obj:
             return MASK
-        return _mask_url_password(obj)
+        return mask_text(obj)
     return obj
-
-
-_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^/@:\s]*:)(?P<pw>[^@/\s]+)(?=@)", re.I)
-
-
-def _mask_url_password(s: str) -> str:
-    return _URL_PASSWORD.sub(lambda m: m.group("head") + MASK, s)
 
 
 def _parse_value(raw: str) -> Any:
@@ -465,8 +493,11 @@ def _format_validation_error(err: ValidationError, source: str, tree: dict[str, 
         value = tree
         for p in e["loc"]:
             value = value.get(p) if isinstance(value, dict) else None  # type: ignore[assignment]
-        shown = MASK if _SECRET_KEY.search(loc) else redact(value, loc)
         msg = e["msg"].removeprefix("Value error, ")
+        if isinstance(value, dict):  # a whole section's rule: the message names its keys
+            lines.append(f"  {loc}: {msg}")
+            continue
+        shown = MASK if _SECRET_KEY.search(loc) else redact(value, loc)
         lines.append(f"  {loc} = {shown!r}: {msg}")
     return "\n".join(lines)
 
@@ -495,16 +526,21 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 def read_secret(env: str | None, file: Path | None) -> str | None:
-    """A secret from a file (first line) or an environment variable; None if neither is set."""
+    """A secret from a file (first line) or an environment variable; None if neither is set.
+
+    The secret is remembered for masking (`dart_ray.masking`): this process never logs it.
+    """
+    secret = None
     if file is not None:
         try:
             lines = file.read_text().splitlines()
         except OSError as e:
             raise ConfigError(f"cannot read secret file {file}: {e.strerror}") from None
-        return lines[0].strip() if lines else ""
-    if env:
-        return os.environ.get(env)
-    return None
+        secret = lines[0].strip() if lines else ""
+    elif env:
+        secret = os.environ.get(env)
+    remember(secret)
+    return secret
 
 
 def field_docs(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, str, str]]:

@@ -8,23 +8,46 @@ version, repeat; every part waits for the slowest. Same parts, same code, one sw
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import ray
 
 from dart_ray import runtime
 from dart_ray.config import Config
 from dart_ray.report import RunReport, build_report
+from dart_ray.store.episodes import log_unfinished
+from dart_ray.store.runs import finish_run
+from dart_ray.train.worker import resume_point
+
+log = logging.getLogger(__name__)
 
 
 def _fit_in_background(parts: runtime.Parts, errors: list[BaseException]) -> threading.Thread:
+    """Ray Train in a thread. A trainer that fails (a worker died) starts again from the
+    newest COMPLETED checkpoint in a new session, whose first request makes the curator give
+    the dead trainer's unacknowledged steps back: nothing is lost, nothing trained twice."""
+
     def fit() -> None:
-        try:
-            parts.trainer().fit()
-        except BaseException as e:  # re-raised by the driver after the loop
-            errors.append(e)
+        restarts = parts.config.train.max_restarts
+        while True:
+            try:
+                parts.trainer().fit()
+                return
+            except BaseException as e:  # re-raised by the driver after the loop
+                if restarts == 0 or ray.get(parts.control.stop_requested.remote()):
+                    errors.append(e)
+                    return
+                restarts -= 1
+                log.warning("trainer failed (%s); starting it again from the last checkpoint", e)
+                point = resume_point(parts.store, parts.run_id)
+                if point is not None:
+                    parts.model_dir, parts.start = Path(point[0]), point[1]
 
     t = threading.Thread(target=fit, name="trainer", daemon=True)
     t.start()
@@ -35,13 +58,42 @@ def _policy_version(parts: runtime.Parts) -> int:
     return int(parts.policy.version.remote().result())
 
 
+def _supervise(parts: runtime.Parts, rollouts: list[ray.ObjectRef]) -> list[ray.ObjectRef]:
+    """Decoupled mode: a rollouter whose `run()` ended because it died (Ray restarts it, and
+    it logs its lost episodes as ABORTED) is set going again."""
+    out = list(rollouts)
+    for i, ref in enumerate(rollouts):
+        if not ray.wait([ref], timeout=0)[0]:
+            continue
+        try:
+            ray.get(ref)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
+            log.warning("rollouter %d stopped (%s); starting it again", i, type(e).__name__)
+            out[i] = parts.rollouters[i].run.remote()
+    return out
+
+
+def _run_groups(parts: runtime.Parts, groups: int) -> None:
+    """Sync mode: every rollouter opens and finishes `groups` groups; one that dies is asked
+    again once Ray has restarted it."""
+    pending = {i: r.run.remote(max_groups=groups) for i, r in enumerate(parts.rollouters)}
+    while pending:
+        for i, ref in list(pending.items()):
+            try:
+                ray.get(ref)
+                del pending[i]
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
+                log.warning("rollouter %d stopped (%s); asking it again", i, type(e).__name__)
+                pending[i] = parts.rollouters[i].run.remote(max_groups=groups)
+
+
 def _sync_iteration(parts: runtime.Parts, trainer: threading.Thread, deadline: float) -> None:
     """Roll out one step's groups, then wait until the trainer has published a new version,
     or until nothing more can train without more rollouts (every group was dropped, or the
     curator holds fewer trainable groups than a step needs), or the budget runs out."""
     v = _policy_version(parts)
     groups = parts.config.curation.groups_per_step
-    ray.get([r.run.remote(max_groups=groups) for r in parts.rollouters])
+    _run_groups(parts, groups)
     while trainer.is_alive() and _policy_version(parts) == v and time.monotonic() < deadline:
         buffer = parts.store.log.buffer(parts.run_id)
         available = sum(n for (_, state), n in buffer.items() if state == 0)
@@ -52,8 +104,46 @@ def _sync_iteration(parts: runtime.Parts, trainer: threading.Thread, deadline: f
         time.sleep(0.5)
 
 
+@contextlib.contextmanager
+def _graceful_signals(stop: list[str]) -> Iterator[None]:
+    """SIGTERM (`ray job stop`, a scheduler) and SIGINT end the run as `run.max_minutes`
+    does: the trainer makes its work durable, rollouters log their episodes in flight, the
+    report is written. A second signal, or SIGKILL, leaves it to `--resume`."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: object) -> None:
+        if stop:
+            raise KeyboardInterrupt
+        stop.append(signal.Signals(signum).name)
+        log.warning("%s: stopping the run (send it again to abort)", stop[0])
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
 def train(config: Config, on_tick: Callable[[runtime.Parts], None] | None = None) -> RunReport:
     parts = runtime.start(config)
+    stop: list[str] = []
+    try:
+        with _graceful_signals(stop):
+            report = _train(parts, on_tick, stop)
+    except BaseException:
+        finish_run(parts.store.engine, parts.run_id, "FAILED")
+        raise
+    finish_run(parts.store.engine, parts.run_id, "STOPPED" if stop else "FINISHED")
+    return report
+
+
+def _train(
+    parts: runtime.Parts, on_tick: Callable[[runtime.Parts], None] | None, stop: list[str]
+) -> RunReport:
+    config = parts.config
     t0 = time.monotonic()
     before = parts.evaluate(config.run.eval_tasks)
     errors: list[BaseException] = []
@@ -65,14 +155,25 @@ def train(config: Config, on_tick: Callable[[runtime.Parts], None] | None = None
     while trainer.is_alive():
         if time.monotonic() > deadline:
             ray.get(parts.control.request_stop.remote("run.max_minutes reached"))
+        if stop:
+            ray.get(parts.control.request_stop.remote(f"{stop[0]} received"))
+            deadline = min(deadline, time.monotonic())
         if config.run.mode == "sync" and time.monotonic() < deadline:
             _sync_iteration(parts, trainer, deadline)
         else:
             trainer.join(timeout=1.0)
+            rollouts = _supervise(parts, rollouts)
         if on_tick is not None:
             on_tick(parts)
     ray.get([r.stop.remote() for r in parts.rollouters])
-    ray.get(rollouts)
+    for ref in rollouts:  # the episodes in flight are logged before run() returns
+        with contextlib.suppress(
+            ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError
+        ):
+            ray.get(ref)
+    # every rollouter has stopped: an episode still without a trajectory was lost with a
+    # rollouter that died at the end
+    log_unfinished(parts.store, parts.run_id, "in flight when its rollouter died at the end")
     if errors:
         runtime.stop(parts)
         raise errors[0]

@@ -43,6 +43,9 @@ class RunReport:
     sync_count: int
     sync_latency_mean_s: float
     sync_latency_max_s: float
+    policy_version: int = 0
+    """The version the policy server answered with at the end (every publish is confirmed by
+    every replica, or the trainer fails)."""
     rewards: list[float] = field(default_factory=list)
     run_dir: str = ""
 
@@ -83,6 +86,7 @@ def build_report(
         sync_count=len(syncs),
         sync_latency_mean_s=sum(syncs) / len(syncs) if syncs else 0.0,
         sync_latency_max_s=max(syncs, default=0.0),
+        policy_version=int(parts.policy.version.remote().result()),
         rewards=[float(h.get("mean_reward", 0.0)) for h in history],
         run_dir=str(parts.run_dir),
     )

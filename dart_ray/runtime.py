@@ -32,6 +32,7 @@ from dart_ray.evaluate import EvalResult, evaluate
 from dart_ray.records import Task
 from dart_ray.rollout.episode import EpisodeSettings, ServePolicy
 from dart_ray.store import Store, open_store
+from dart_ray.store.episodes import log_unfinished
 from dart_ray.store.runs import register_run
 from dart_ray.train.checkpointing import TrainerState
 from dart_ray.train.worker import TrainJob, resume_point, train_loop_per_worker
@@ -187,8 +188,10 @@ def start(config: Config) -> Parts:
         point = resume_point(store, run_id)
         if point is not None:
             model_dir, start_state = Path(point[0]), point[1]
-        # nothing else consumes this run now: rows the last trainer held go back at once
+        # nothing else consumes this run now: rows the last trainer held go back at once,
+        # and the episodes that were running when it stopped are logged as ABORTED
         store.log.expire_leases(run_id, now=_far_future())
+        log_unfinished(store, run_id, "in flight when the run stopped; resumed")
     start_ray(config)
     ns = config.cluster.namespace
     app = f"policy-{run_id}"
@@ -221,7 +224,9 @@ def start(config: Config) -> Parts:
     parts.curator = Curator.options(name=parts.names("curator"), namespace=ns).remote(
         config, run_id, config.train.num_workers
     )
-    parts.control = RunControl.options(name=parts.names("control"), namespace=ns).remote()
+    parts.control = RunControl.options(name=parts.names("control"), namespace=ns).remote(
+        parts.run_id
+    )
     parts.rollouters = [
         Rollouter.options(name=parts.names(f"rollouter-{i}"), namespace=ns).remote(
             config,

@@ -15,8 +15,9 @@ in flight finish on the version they started with (`VersionGate`), and every `Ge
 carries the version that produced it. The call returns each replica's version.
 
 Security: HTTP binds to `policy.http_host` (127.0.0.1 unless configured), and with
-`policy.auth_token_env` set every route but `/health` needs `Authorization: Bearer <token>`,
-the token read from that environment variable in the replica. The token is never logged.
+`policy.auth_token_file` or `policy.auth_token_env` set every route but `/health` needs
+`Authorization: Bearer <token>` (compared in constant time), the token read in the replica.
+The token is never logged (`dart_ray.masking`). A malformed body gets 400 naming the field.
 
 (No `from __future__ import annotations` here: FastAPI must see `Request` as a real class on
 the ingress methods, or it takes `request` for a query parameter.)
@@ -24,8 +25,9 @@ the ingress methods, or it takes `request` for a query parameter.)
 
 import asyncio
 import hmac
+import json
 import logging
-import os
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -38,7 +40,7 @@ from ray import ObjectRef, serve
 from ray.serve.config import AutoscalingConfig, DeploymentActorConfig
 from ray.serve.handle import DeploymentHandle
 
-from dart_ray.config import PolicyConfig
+from dart_ray.config import ConfigError, PolicyConfig, read_secret
 from dart_ray.engines import make_engine
 from dart_ray.engines.base import GenerateRequest, Generation, PreparedRequest, SamplingParams
 from dart_ray.models.loading import check_model_dir
@@ -69,21 +71,58 @@ MAX_HTTP_TOKENS = 4096
 """Largest `max_tokens` the HTTP route accepts (a bound on the work one request can ask)."""
 
 
+def _number(body: dict[str, Any], key: str, default: float, integer: bool = False) -> Any:
+    v = body.get(key)
+    if v is None:
+        return default
+    kind = int if integer else (int, float)
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, kind)
+        or (isinstance(v, float) and not math.isfinite(v))
+    ):
+        what = "an integer" if integer else "a finite number"
+        raise BadRequest(f"{key} must be {what}, got {json.dumps(v)[:60]}")
+    return v
+
+
 def _sampling(body: dict[str, Any], defaults: SamplingParams) -> SamplingParams:
-    try:
-        stop = body.get("stop") or ()
-        stop = (stop,) if isinstance(stop, str) else tuple(stop)
-        sp = SamplingParams(
-            temperature=float(body.get("temperature", defaults.temperature)),
-            top_p=float(body.get("top_p", defaults.top_p)),
-            max_new_tokens=int(body.get("max_tokens", defaults.max_new_tokens)),
-            stop=tuple(str(s) for s in stop),
-        )
-    except (TypeError, ValueError) as e:
-        raise BadRequest(f"bad sampling parameter: {e}") from None
-    if sp.max_new_tokens > MAX_HTTP_TOKENS:
+    """The sampling fields of an OpenAI request; BadRequest names the field that is wrong."""
+    temperature = _number(body, "temperature", defaults.temperature)
+    top_p = _number(body, "top_p", defaults.top_p)
+    max_tokens = _number(body, "max_tokens", defaults.max_new_tokens, integer=True)
+    stop = body.get("stop") or []
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise BadRequest("stop must be a string or a list of strings")
+    if temperature < 0:
+        raise BadRequest(f"temperature must be >= 0, got {temperature}")
+    if not 0 < top_p <= 1:
+        raise BadRequest(f"top_p must be in (0, 1], got {top_p}")
+    if max_tokens > MAX_HTTP_TOKENS:
         raise BadRequest(f"max_tokens must be at most {MAX_HTTP_TOKENS}")
-    return sp
+    if max_tokens < 1:
+        raise BadRequest(f"max_tokens must be at least 1, got {max_tokens}")
+    return SamplingParams(float(temperature), float(top_p), int(max_tokens), tuple(stop))
+
+
+def read_token(cfg: PolicyConfig) -> str | None:
+    """The bearer token the HTTP route requires (None: no token configured).
+
+    Read where the replica runs, from `policy.auth_token_file` or `policy.auth_token_env`;
+    configured but missing or empty is an error, never a route left open by accident.
+    """
+    if cfg.auth_token_file is None and not cfg.auth_token_env:
+        return None
+    token = read_secret(cfg.auth_token_env, cfg.auth_token_file)
+    if not token:
+        raise ConfigError(
+            f"policy.auth_token_file {cfg.auth_token_file} is empty"
+            if cfg.auth_token_file is not None
+            else f"policy.auth_token_env names {cfg.auth_token_env}, which is not set (or empty) "
+            "in the replica's environment"
+        )
+    return token
 
 
 @serve.deployment(name="PolicyServer")
@@ -102,14 +141,7 @@ class PolicyServer:
         )
         self._batched.set_max_batch_size(self.cfg.max_batch_size)
         self._batched.set_batch_wait_timeout_s(self.cfg.batch_wait_ms / 1000)
-        self._token: str | None = None
-        if self.cfg.auth_token_env:
-            self._token = os.environ.get(self.cfg.auth_token_env)
-            if not self._token:
-                raise RuntimeError(
-                    f"policy.auth_token_env names {self.cfg.auth_token_env}, which is not set "
-                    "(or empty) in the replica's environment"
-                )
+        self._token = read_token(self.cfg)
         ctx = serve.get_replica_context()
         self.replica = ctx.replica_id.unique_id
         self.app_name = ctx.app_name
@@ -221,6 +253,8 @@ class PolicyServer:
             return _error(400, "the body must be a JSON object")
         if body.get("stream"):
             return _error(400, "stream=true is not supported")
+        if not isinstance(body.get("model", ""), str):
+            return _error(400, "model must be a string")
         try:
             req = GenerateRequest(
                 tuple(from_openai(body.get("messages"))), _sampling(body, self.defaults)

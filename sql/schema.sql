@@ -53,6 +53,20 @@ CREATE TABLE IF NOT EXISTS dataset_usage_events (
 	KEY ix_usage_run_row (run_id, row_id)
 )ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_unicode_ci;
 
+CREATE TABLE IF NOT EXISTS episode_start (
+	run_id VARCHAR(191) COLLATE utf8mb4_bin NOT NULL,
+	trajectory_id VARCHAR(191) COLLATE utf8mb4_bin NOT NULL,
+	task_id VARCHAR(191) COLLATE utf8mb4_bin NOT NULL,
+	group_id VARCHAR(191) COLLATE utf8mb4_bin NOT NULL DEFAULT '',
+	group_size INTEGER NOT NULL DEFAULT '0',
+	trace_id VARCHAR(191) COLLATE utf8mb4_bin NOT NULL DEFAULT '',
+	rollouter VARCHAR(191) COLLATE utf8mb4_bin NOT NULL DEFAULT '',
+	version_num BIGINT NOT NULL DEFAULT '0',
+	started_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+	PRIMARY KEY (run_id, trajectory_id),
+	KEY ix_episode_start_rollouter (run_id, rollouter)
+)ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_unicode_ci;
+
 CREATE TABLE IF NOT EXISTS rollout_run (
 	id BIGINT NOT NULL AUTO_INCREMENT,
 	run_id VARCHAR(191) COLLATE utf8mb4_bin NOT NULL,

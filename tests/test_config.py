@@ -127,3 +127,37 @@ def test_policy_fields_of_the_policy_server() -> None:
         load_config(None, ["policy.vllm_logprobs_topk=0"])
     with pytest.raises(ConfigError, match=r"policy\.weights_load"):
         load_config(None, ["policy.weights_load='mmap'"])
+
+
+def test_policy_route_beyond_loopback_needs_a_token(tmp_path: Path) -> None:
+    for host in ("127.0.0.1", "127.0.0.2", "localhost", "::1"):
+        assert load_config(None, [f'policy.http_host="{host}"']).policy.http_host == host
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ['policy.http_host="0.0.0.0"'])
+    assert "policy.http_host = '0.0.0.0' serves beyond this machine" in str(e.value)
+    assert "policy.auth_token_file" in str(e.value)
+    f = tmp_path / "token"
+    ok = load_config(None, ['policy.http_host="0.0.0.0"', f"policy.auth_token_file={f}"])
+    assert ok.policy.auth_token_file == f
+    assert load_config(None, ['policy.http_host="10.1.2.3"', "policy.auth_token_env=TOK"])
+
+
+def test_unknown_keys_and_wrong_types_in_a_file_are_named(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[policy]\nauth_token = "s3cret"\n[env.desktop]\nsettle_s = "slow"\n')
+    with pytest.raises(ConfigError) as e:
+        load_config(bad)
+    msg = str(e.value)
+    assert "policy.auth_token: unknown key" in msg
+    assert "env.desktop.settle_s = 'slow': Input should be a valid number" in msg
+    assert "s3cret" not in msg
+
+
+def test_redacted_yaml_is_the_redacted_config() -> None:
+    import yaml
+
+    c = load_config(None, ['env.desktop.server_url="http://u:pw-in-url@host:5000"'])
+    text = c.redacted_yaml()
+    assert "pw-in-url" not in text
+    assert yaml.safe_load(text) == c.redacted()
+    assert yaml.safe_load(text)["env"]["desktop"]["server_url"] == "http://u:***@host:5000"

@@ -45,7 +45,7 @@ def test_a_short_run_accounts_for_everything(mode: str, tmp_path: Path) -> None:
         ],
     )
     report = driver.train(cfg)
-    assert report.versions == 2 and report.train_steps == 2
+    assert report.versions == 2 and report.train_steps == 2 and report.policy_version == 2
     assert report.sync_count == 2 and report.sync_latency_mean_s > 0
     assert report.heldout_before is not None and report.heldout_after is not None
     assert 0 < report.env_utilisation <= 1 and 0 < report.trainer_utilisation <= 1
@@ -68,6 +68,13 @@ def test_a_short_run_accounts_for_everything(mode: str, tmp_path: Path) -> None:
                 )
             )
         )
+        unexplained_drops = c.scalar(
+            sa.select(sa.func.count()).where(
+                rollout_run.c.run_id == f"e2e-{mode}",
+                rollout_run.c.state == RowState.DROPPED,
+                rollout_run.c.drop_reason.is_(None),
+            )
+        )
         versions = list(
             c.scalars(
                 sa.select(checkpoint.c.version_num)
@@ -80,6 +87,8 @@ def test_a_short_run_accounts_for_everything(mode: str, tmp_path: Path) -> None:
     assert set(statuses) <= {"OK", "TRUNCATED", "ABORTED", "ENV_ERROR", "POLICY_ERROR"}
     # nothing is left claimed; every row is trained once, dropped with a reason, or waiting
     assert states[RowState.CLAIMED] == 0
+    assert unexplained_drops == 0
+    assert sum(report.dropped.values()) == states[RowState.DROPPED]
     assert set(acks.values()) <= {1}
     assert states[RowState.CONSUMED] == report.rows_trained == len(acks)
     assert versions == [1, 2]  # only up

@@ -16,8 +16,9 @@ become pyautogui code (`dart_ray.envs.pyautogui_code`, where model strings are o
 quoted); WAIT sleeps, DONE ends the episode, FAIL (UI-TARS `call_user`) ends it declaring the
 task infeasible.
 
-A server that does not answer, answers 5xx, or reports a crashed application raises
-`EnvCrashed`: EnvSession then rebuilds the env and the episode is ABORTED, not scored.
+A server that does not answer, answers 5xx, reports a crashed application, or answers outside
+the protocol (not JSON, a field missing or mistyped: `EnvProtocolError`) raises `EnvCrashed`:
+EnvSession then rebuilds the env and the episode is ABORTED, not scored.
 """
 
 from __future__ import annotations
@@ -39,11 +40,21 @@ from dart_ray.config import EnvConfig, read_secret
 from dart_ray.envs import osworld_eval
 from dart_ray.envs.base import Env, EnvCrashed, EnvInputError, StepResult
 from dart_ray.envs.pyautogui_code import DONE, FAIL, WAIT, UnsafeAction, to_code
+from dart_ray.envs.taskfile import TaskFileError, check_task_id
+from dart_ray.masking import remember
 from dart_ray.records import Action, Observation, Task
 
 
+class EnvProtocolError(EnvCrashed):
+    """The server answered, but not in the protocol (not JSON, a field missing or mistyped).
+
+    A crash as far as the episode goes: the session rebuilds the env, the episode is ABORTED
+    and retried, and a task whose retries run out is recorded ENV_ERROR, never scored."""
+
+
 class OSWorldClient:
-    """HTTP client of one OSWorld-protocol server. Transport failures raise EnvCrashed."""
+    """HTTP client of one OSWorld-protocol server. Transport failures raise EnvCrashed, answers
+    outside the protocol EnvProtocolError."""
 
     def __init__(self, base_url: str, token: str | None = None, timeout: float = 30.0) -> None:
         self.base = base_url.rstrip("/")
@@ -69,23 +80,57 @@ class OSWorldClient:
             raise EnvInputError(f"desktop server refused {path}: {r.status_code} {r.text[:200]}")
         return r
 
+    def answer(self, r: requests.Response, path: str, shape: type = dict) -> Any:
+        """The JSON body of `r`, which must be an object (or, with `shape=list`, an array)."""
+        try:
+            body = r.json()
+        except ValueError:
+            raise EnvProtocolError(
+                f"desktop server {self.base} answered {path} with a body that is not JSON: "
+                f"{r.text[:120]!r}"
+            ) from None
+        if not isinstance(body, shape):
+            want = "an object" if shape is dict else "an array"
+            raise EnvProtocolError(
+                f"desktop server {self.base} answered {path} with JSON "
+                f"{type(body).__name__}, not {want}"
+            )
+        return body
+
+    def field(
+        self, body: dict[str, Any], key: str, path: str, kind: type | tuple[type, ...]
+    ) -> Any:
+        """`body[key]`, which must be of `kind`; EnvProtocolError naming the field otherwise."""
+        if key not in body:
+            raise EnvProtocolError(f"desktop server {self.base} answered {path} without {key!r}")
+        v = body[key]
+        if not isinstance(v, kind) or (isinstance(v, bool) and kind is not bool):
+            raise EnvProtocolError(
+                f"desktop server {self.base} answered {path} without a valid {key!r} "
+                f"(got {json.dumps(v)[:80]})"
+            )
+        return v
+
     def screenshot(self) -> bytes:
         return self.request("GET", "/screenshot").content
 
     def accessibility(self) -> str:
-        return str(self.request("GET", "/accessibility").json()["AT"])
+        body = self.answer(self.request("GET", "/accessibility"), "/accessibility")
+        return self.field(body, "AT", "/accessibility", (str, type(None))) or ""
 
     def terminal(self) -> str | None:
-        return self.request("GET", "/terminal").json().get("output")
+        body = self.answer(self.request("GET", "/terminal"), "/terminal")
+        return self.field(body, "output", "/terminal", (str, type(None)))  # type: ignore[no-any-return]
 
     def screen_size(self) -> tuple[int, int]:
-        d = self.request("POST", "/screen_size", json={}).json()
-        return int(d["width"]), int(d["height"])
+        d = self.answer(self.request("POST", "/screen_size", json={}), "/screen_size")
+        return self.field(d, "width", "/screen_size", int), self.field(
+            d, "height", "/screen_size", int
+        )
 
     def execute(self, command: list[str] | str, shell: bool = False) -> dict[str, Any]:
-        return dict(
-            self.request("POST", "/execute", json={"command": command, "shell": shell}).json()
-        )
+        r = self.request("POST", "/execute", json={"command": command, "shell": shell})
+        return dict(self.answer(r, "/execute"))
 
     def file(self, path: str) -> bytes | None:
         r = self.request("POST", "/file", ok404=True, json={"file_path": path})
@@ -93,13 +138,16 @@ class OSWorldClient:
 
     def list_directory(self, path: str) -> dict[str, Any] | None:
         r = self.request("POST", "/list_directory", ok404=True, json={"path": path})
-        return None if r.status_code == 404 else r.json()["directory_tree"]
+        if r.status_code == 404:
+            return None
+        body = self.answer(r, "/list_directory")
+        return self.field(body, "directory_tree", "/list_directory", dict)  # type: ignore[no-any-return]
 
     def setup(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
         # setup steps may wait for an app's window (the server waits up to 10 s): a loaded
         # machine must not turn a slow start into a crash, so they get at least 30 s
         r = self.request("POST", f"/setup/{endpoint}", json=body, timeout=max(self.timeout, 30.0))
-        return dict(r.json())
+        return dict(self.answer(r, f"/setup/{endpoint}"))
 
     def upload(self, path: str, data: bytes) -> None:
         self.request(
@@ -117,7 +165,12 @@ class OSWorldClient:
 
     def crashed_apps(self) -> list[str] | None:
         r = self.request("GET", "/apps", ok404=True)
-        return None if r.status_code == 404 else [a["name"] for a in r.json() if a["crashed"]]
+        if r.status_code == 404:
+            return None
+        apps = self.answer(r, "/apps", list)
+        if not all(isinstance(a, dict) for a in apps):
+            raise EnvProtocolError(f"desktop server {self.base} answered /apps with non-objects")
+        return [str(a.get("name")) for a in apps if self.field(a, "crashed", "/apps", bool)]
 
 
 class EmulatorPool:
@@ -130,7 +183,9 @@ class EmulatorPool:
         self.client = OSWorldClient(url, token, timeout)
 
     def start(self) -> tuple[str, str]:
-        d = self.client.request("POST", "/start_emulator", json={}).json()
+        d = self.client.answer(
+            self.client.request("POST", "/start_emulator", json={}), "/start_emulator"
+        )
         eid = str(d.get("emulator_id", d.get("id", "")))
         url = d.get("server_url") or d.get("url")
         if not url and (host := d.get("ip") or d.get("host")):
@@ -285,8 +340,10 @@ def sys_python() -> str:
 
 
 def _png_size(png: bytes) -> tuple[int, int]:
-    if png[:8] != b"\x89PNG\r\n\x1a\n":
-        raise EnvCrashed("desktop server sent a screenshot that is not a PNG")
+    if png[:8] != b"\x89PNG\r\n\x1a\n" or len(png) < 24 or png[12:16] != b"IHDR":
+        raise EnvProtocolError(
+            f"desktop server sent a screenshot that is not a PNG ({len(png)} bytes: {png[:16]!r})"
+        )
     return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
 
 
@@ -304,6 +361,7 @@ class LocalDesktopEnv(OSWorldEnv):
             )
         super().__init__(config)
         self._token = secrets.token_urlsafe(24)
+        remember(self._token)  # masked in this process's logs
         self.token = self._token
         self._tree: dict[int, psutil.Process] = {}
         self._root = Path(tempfile.mkdtemp(prefix="dart-desktop-"))
@@ -363,6 +421,17 @@ class LocalDesktopEnv(OSWorldEnv):
 
 
 def task_from_json(d: dict[str, Any], env: str = "desktop", split: str = "train") -> Task:
-    """An OSWorld task file (id, instruction, config, evaluator) as a dart-ray Task."""
+    """An OSWorld task file (id, instruction, config, evaluator) as a dart-ray Task.
+
+    TaskFileError names the task and the field that is missing or of the wrong type."""
+    where = f"OSWorld task {str(d.get('id'))[:80]!r}" if isinstance(d, dict) else "OSWorld task"
+    if not isinstance(d, dict):
+        raise TaskFileError(f"{where}: must be a JSON object, not {type(d).__name__}")
+    if (why := check_task_id(d.get("id"))) is not None:
+        raise TaskFileError(f"{where}: id: {why}")
+    for key, kind in (("instruction", str), ("config", list), ("evaluator", dict)):
+        if (key in d or key == "instruction") and not isinstance(d.get(key), kind):
+            name = {str: "a string", list: "a list", dict: "an object"}[kind]
+            raise TaskFileError(f"{where}: {key}: must be {name}")
     cfg = {k: d[k] for k in ("config", "evaluator", "apps") if k in d}
-    return Task(str(d["id"]), str(d["instruction"]), env, json.loads(json.dumps(cfg)), split)
+    return Task(d["id"], d["instruction"], env, json.loads(json.dumps(cfg)), split)

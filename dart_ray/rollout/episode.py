@@ -70,6 +70,8 @@ class Slot:
     trace_id: str
     start_version: int
     run_id: str
+    trajectory_id: str = ""
+    """Set by callers that record the start first (the rollouter's episode ledger)."""
 
 
 class RaySession:
@@ -98,6 +100,10 @@ class ServePolicy:
         return await self.handle.generate.remote(request)  # type: ignore[attr-defined,no-any-return]
 
 
+def new_trajectory_id(group_id: str) -> str:
+    return f"{group_id}/{uuid.uuid4().hex[:12]}"
+
+
 _ENV_FAILURES = (EnvAborted, ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
 
 
@@ -105,7 +111,7 @@ async def run_episode(
     session: Session, policy: Policy, task: Task, slot: Slot, s: EpisodeSettings
 ) -> Trajectory:
     """Play one episode; never raises for environment or policy failures (see module doc)."""
-    tid = f"{slot.group_id}/{uuid.uuid4().hex[:12]}"
+    tid = slot.trajectory_id or new_trajectory_id(slot.group_id)
     started = time.time()
     steps: list[Step] = []
 

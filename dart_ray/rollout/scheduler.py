@@ -46,7 +46,11 @@ class Scheduler:
         dynamic: bool = True,
         rule: BudgetRule = "dart",
         seed: int = 0,
+        incarnation: str = "",
     ) -> None:
+        """`incarnation` goes into every group id: a restarted rollouter or a resumed run
+        passes a fresh one, so its groups never merge with groups of an earlier life that
+        are already in the log."""
         if not tasks:
             raise ValueError("the scheduler needs at least one task")
         self.tasks = list(tasks)
@@ -60,6 +64,7 @@ class Scheduler:
         self._slots: deque[PlannedSlot] = deque()
         self._rounds: dict[str, int] = {}
         self.groups_opened = 0
+        self.incarnation = incarnation
 
     def _next_task(self) -> Task:
         if not self._order:
@@ -79,7 +84,7 @@ class Scheduler:
             steps = step_limit(lengths, global_max=self.max_steps)
         rnd = self._rounds.get(task.task_id, 0)
         self._rounds[task.task_id] = rnd + 1
-        gid = f"{task.task_id}#{rnd}"
+        gid = f"{task.task_id}#{self.incarnation}{rnd}"
         self.groups_opened += 1
         return [PlannedSlot(task, gid, n, steps) for _ in range(n)]
 

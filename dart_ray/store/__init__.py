@@ -16,6 +16,7 @@ from sqlalchemy.engine import URL, Engine
 from sqlalchemy.exc import DBAPIError
 
 from dart_ray.config import Config, ConfigError, read_secret
+from dart_ray.masking import remember
 from dart_ray.store.blobs import BlobStore
 from dart_ray.store.checkpoints import CheckpointRegistry
 from dart_ray.store.db import (
@@ -27,6 +28,7 @@ from dart_ray.store.db import (
     init_schema,
     parse_url,
 )
+from dart_ray.store.episodes import EpisodeLedger, EpisodeStart
 from dart_ray.store.log import Claim, DurableLog, LeaseLostError, LogRow, TaskStats
 
 __all__ = [
@@ -34,6 +36,8 @@ __all__ = [
     "CheckpointRegistry",
     "Claim",
     "DurableLog",
+    "EpisodeLedger",
+    "EpisodeStart",
     "LeaseLostError",
     "LogRow",
     "Store",
@@ -51,7 +55,9 @@ def resolve_url(config: Config) -> URL:
         dsn = os.environ.get(sc.dsn_env)
         if not dsn:
             raise ConfigError(f"store.dsn_env names ${sc.dsn_env}, which is not set")
-        return parse_url(dsn)
+        url = parse_url(dsn)
+        remember(url.password)  # type: ignore[arg-type]  # never logged by this process
+        return url
     if sc.dsn is None:
         return parse_url(f"sqlite:///{(config.run.root_dir / 'dart-ray.sqlite').resolve()}")
     password = read_secret(sc.password_env, sc.password_file)
@@ -67,6 +73,7 @@ class Store:
     log: DurableLog
     checkpoints: CheckpointRegistry
     blobs: BlobStore
+    episodes: EpisodeLedger
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -116,4 +123,5 @@ def open_store(config: Config, *, init: bool = False) -> Store:
         log=DurableLog(engine, retry=retry, success_threshold=config.rollout.success_threshold),
         checkpoints=CheckpointRegistry(engine, retry),
         blobs=BlobStore(blob_uri),
+        episodes=EpisodeLedger(engine, retry),
     )

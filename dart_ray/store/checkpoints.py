@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from dart_ray.masking import mask_text
 from dart_ray.store.db import RetryPolicy, checkpoint
 from dart_ray.store.log import utcnow
 
@@ -82,7 +84,12 @@ class CheckpointRegistry:
         remark: str = "",
         config_yaml: str | None = None,
     ) -> int:
-        """Register version `version_num` of a run as PENDING; returns its id (idempotent)."""
+        """Register version `version_num` of a run as PENDING; returns its id (idempotent).
+
+        `config_yaml` (e.g. `Config.redacted_yaml()`) is masked once more before it is stored.
+        """
+        if config_yaml is not None:
+            config_yaml = mask_text(config_yaml)
 
         def txn() -> int:
             cp = checkpoint.c
@@ -156,7 +163,8 @@ class CheckpointRegistry:
             raise CheckpointStateError(f"checkpoint {cid} is not COMPLETED; cannot attach {path}")
 
     def fail(self, cid: int, error: str) -> None:
-        self._move(cid, FAILED, finished_at=utcnow(), error=error[:60000])
+        # the reason is often an exception's text, which may quote a DSN or a header
+        self._move(cid, FAILED, finished_at=utcnow(), error=mask_text(error)[:60000])
 
     def deprecate(self, cid: int) -> None:
         self._move(cid, DEPRECATED)
@@ -172,13 +180,19 @@ class CheckpointRegistry:
 
     def list(self, run_id: str) -> list[CheckpointRow]:
         cp = checkpoint.c
-        with self.engine.connect() as c:
-            rows = c.execute(
-                sa.select(checkpoint)
-                .where(cp.run_id == run_id, cp.deleted_at.is_(None))
-                .order_by(cp.version_num)
-            ).all()
-        return [_row(r) for r in rows]
+        q = (
+            sa.select(checkpoint)
+            .where(cp.run_id == run_id, cp.deleted_at.is_(None))
+            .order_by(cp.version_num)
+        )
+        return [_row(r) for r in self._fetch(q)]
+
+    def _fetch(self, q: sa.Select[Any]) -> list[sa.Row[Any]]:
+        def read() -> list[sa.Row[Any]]:
+            with self.engine.connect() as c:
+                return list(c.execute(q).all())
+
+        return self.retry.run(read, "checkpoint read")
 
     def latest(self, run_id: str, status: str | None = COMPLETED) -> CheckpointRow | None:
         """The newest checkpoint of a run (with the given status; None means any)."""
@@ -186,6 +200,5 @@ class CheckpointRegistry:
         q = sa.select(checkpoint).where(cp.run_id == run_id, cp.deleted_at.is_(None))
         if status is not None:
             q = q.where(cp.status == status)
-        with self.engine.connect() as c:
-            r = c.execute(q.order_by(cp.version_num.desc()).limit(1)).first()
-        return None if r is None else _row(r)
+        rows = self._fetch(q.order_by(cp.version_num.desc()).limit(1))
+        return _row(rows[0]) if rows else None

@@ -25,6 +25,8 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 
+from dart_ray.masking import mask_text
+
 log = logging.getLogger(__name__)
 
 metadata = sa.MetaData()
@@ -176,6 +178,24 @@ task_stats = sa.Table(
     **_MYSQL_TABLE,
 )
 
+episode_start = sa.Table(
+    "episode_start",
+    metadata,
+    # One row per episode attempt, written before its reset: the audit accounts for every
+    # episode started (a finished one has its rollout_run row under the same trajectory_id).
+    sa.Column("run_id", _ident(), primary_key=True),
+    sa.Column("trajectory_id", _ident(), primary_key=True),
+    sa.Column("task_id", _ident(), nullable=False),
+    sa.Column("group_id", _ident(), nullable=False, server_default=""),
+    sa.Column("group_size", sa.Integer(), nullable=False, server_default="0"),
+    sa.Column("trace_id", _ident(), nullable=False, server_default=""),
+    sa.Column("rollouter", _ident(), nullable=False, server_default=""),
+    sa.Column("version_num", sa.BigInteger(), nullable=False, server_default="0"),
+    sa.Column("started_at", _TS, nullable=False, server_default=_NOW),
+    sa.Index("ix_episode_start_rollouter", "run_id", "rollouter"),
+    **_MYSQL_TABLE,
+)
+
 run = sa.Table(
     "run",
     metadata,
@@ -267,7 +287,7 @@ def parse_url(dsn: str | URL, password: str | None = None) -> URL:
         url = make_url(dsn)
     except ArgumentError:
         raise StoreError(
-            f"store.dsn {str(dsn)!r} is not a database URL "
+            f"store.dsn {mask_text(str(dsn))!r} is not a database URL "
             "(expected e.g. mysql+pymysql://user@host:3306/db or sqlite:///path.db)"
         ) from None
     if password is not None:

@@ -447,14 +447,14 @@ class DurableLog:
     # ------------------------------------------------------------------ settle a claim
 
     def ack(
-        self, claim: Claim, row_ids: Sequence[int] | None = None, *, into: str | None = None
+        self, claim: Claim, row_ids: Sequence[int] | None = None, *, in_version: int | None = None
     ) -> int:
         """Mark rows of a claim trained (all of them by default). Raises LeaseLostError if
-        any row is no longer held by this claim; then nothing is acknowledged.
-
-        `into` names the durable checkpoint (`v7`) whose weights first include these rows;
-        it is the ACK events' `reason`, the lineage from a checkpoint to its trajectories."""
-        return self._settle(claim, row_ids, RowState.CONSUMED, "ACK", used_delta=1, reason=into)
+        any row is no longer held by this claim; then nothing is acknowledged. `in_version`:
+        the durable checkpoint that holds the training, recorded on the ACK events (`v<N>`
+        in their `reason`) for the audit and for lineage queries."""
+        reason = None if in_version is None else f"v{in_version}"
+        return self._settle(claim, row_ids, RowState.CONSUMED, "ACK", used_delta=1, reason=reason)
 
     def drop(self, claim: Claim, row_ids: Sequence[int], reason: str) -> int:
         """Mark rows of a claim never to be trained, with a short reason (e.g. `stale`)."""
@@ -635,12 +635,20 @@ class DurableLog:
 
     # ------------------------------------------------------------------ read side
 
+    def _fetch(self, q: sa.Executable, what: str) -> list[sa.Row[Any]]:
+        """Run a read, retrying transient errors (a database restart must not stop readers)."""
+
+        def read() -> list[sa.Row[Any]]:
+            with self.engine.connect() as c:
+                return list(c.execute(q).all())
+
+        return self.retry.run(read, what)
+
     def task_stats(self, run_id: str) -> list[TaskStats]:
         ts = task_stats.c
-        with self.engine.connect() as c:
-            rows = c.execute(
-                sa.select(task_stats).where(ts.run_id == run_id).order_by(ts.task_id)
-            ).all()
+        rows = self._fetch(
+            sa.select(task_stats).where(ts.run_id == run_id).order_by(ts.task_id), "task_stats"
+        )
         return [
             TaskStats(
                 task_id=r.task_id,
@@ -659,37 +667,31 @@ class DurableLog:
     def recent_outcomes(self, run_id: str, task_id: str, window: int) -> list[float]:
         """Rewards of the newest `window` trainable trajectories of a task (newest first)."""
         rr = rollout_run.c
-        with self.engine.connect() as c:
-            return list(
-                c.scalars(
-                    sa.select(rr.reward)
-                    .where(
-                        rr.run_id == run_id,
-                        rr.task_id == task_id,
-                        rr.status.in_([Status.OK.value, Status.TRUNCATED.value]),
-                    )
-                    .order_by(rr.id.desc())
-                    .limit(window)
-                )
+        q = (
+            sa.select(rr.reward)
+            .where(
+                rr.run_id == run_id,
+                rr.task_id == task_id,
+                rr.status.in_([Status.OK.value, Status.TRUNCATED.value]),
             )
+            .order_by(rr.id.desc())
+            .limit(window)
+        )
+        return [r[0] for r in self._fetch(q, "recent_outcomes")]
 
     def buffer(self, run_id: str) -> dict[tuple[int, int], int]:
         """Row counts by (version_num, state) for one run."""
         rr = rollout_run.c
-        with self.engine.connect() as c:
-            rows = c.execute(
-                sa.select(rr.version_num, rr.state, sa.func.count())
-                .where(rr.run_id == run_id)
-                .group_by(rr.version_num, rr.state)
-            ).all()
-        return {(v, s): n for v, s, n in rows}
+        q = (
+            sa.select(rr.version_num, rr.state, sa.func.count())
+            .where(rr.run_id == run_id)
+            .group_by(rr.version_num, rr.state)
+        )
+        return {(v, s): n for v, s, n in self._fetch(q, "buffer")}
 
     def get_rows(self, run_id: str, trajectory_ids: Sequence[str]) -> list[LogRow]:
         rr = rollout_run.c
-        with self.engine.connect() as c:
-            rows = c.execute(
-                sa.select(*_ROW_COLS).where(
-                    rr.run_id == run_id, rr.trajectory_id.in_(list(trajectory_ids))
-                )
-            ).all()
-        return [_log_row(r) for r in rows]
+        q = sa.select(*_ROW_COLS).where(
+            rr.run_id == run_id, rr.trajectory_id.in_(list(trajectory_ids))
+        )
+        return [_log_row(r) for r in self._fetch(q, "get_rows")]

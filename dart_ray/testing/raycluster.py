@@ -31,10 +31,21 @@ class LocalCluster:
         # (a token shared through RAY_AUTH_TOKEN was refused by `ray status` in Ray 2.60).
         self.env = {**os.environ, **(env or {}), "RAY_AUTH_MODE": "disabled"}
         self.tmp = Path(tempfile.mkdtemp(prefix="dart-ray-cluster-"))
-        self.gcs_port = free_port()
-        self.dashboard_port = free_port()
-        self.metrics_port = free_port()
+        self._taken: set[int] = set()
+        self.gcs_port = self._port()
+        self.dashboard_port = self._port()
+        self.metrics_port = self._port()
+        self.metrics_ports = [self.metrics_port]
+        """Every node's Prometheus endpoint (an actor's metrics are served by its node)."""
         self.procs: list[subprocess.Popen[bytes]] = []
+
+    def _port(self) -> int:
+        """A free loopback port this cluster has not handed out yet (a port probed free is
+        released at once, so two probes can return the same one)."""
+        while (port := free_port()) in self._taken:
+            pass
+        self._taken.add(port)
+        return port
 
     @property
     def address(self) -> str:
@@ -45,10 +56,18 @@ class LocalCluster:
         return f"http://127.0.0.1:{self.dashboard_port}"
 
     def _start(self, args: list[str], log: str) -> None:
+        # Every node of a one-machine cluster needs agent ports of its own: with Ray's fixed
+        # defaults (52365 ...) the second node's dashboard agent cannot bind, and job
+        # submission then waits for an agent that never registers ("No available agent").
+        ports = [
+            f"--dashboard-agent-listen-port={self._port()}",
+            f"--dashboard-agent-grpc-port={self._port()}",
+            f"--runtime-env-agent-port={self._port()}",
+        ]
         out = open(self.tmp / log, "wb")  # noqa: SIM115 (the node owns it)
         self.procs.append(
             subprocess.Popen(
-                [self.ray_bin, "start", "--block", "--node-ip-address=127.0.0.1", *args],
+                [self.ray_bin, "start", "--block", "--node-ip-address=127.0.0.1", *ports, *args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=self.env,
@@ -62,6 +81,7 @@ class LocalCluster:
                 "--head",
                 f"--port={self.gcs_port}",
                 f"--dashboard-port={self.dashboard_port}",
+                f"--ray-client-server-port={self._port()}",
                 "--dashboard-host=127.0.0.1",
                 "--include-dashboard=true",
                 f"--metrics-export-port={self.metrics_port}",
@@ -75,12 +95,13 @@ class LocalCluster:
         self._wait(f"{self.dashboard}/api/version", 120)
 
     def add_node(self, num_cpus: float, resources: str = "{}") -> None:
+        self.metrics_ports.append(self._port())
         self._start(
             [
                 f"--address={self.address}",
                 f"--num-cpus={num_cpus}",
                 f"--resources={resources}",
-                f"--metrics-export-port={free_port()}",
+                f"--metrics-export-port={self.metrics_ports[-1]}",
                 "--disable-usage-stats",
             ],
             f"node{len(self.procs)}.log",

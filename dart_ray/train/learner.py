@@ -229,6 +229,7 @@ class Learner:
         self.scheduler.step()
         metrics = {k: (v if k in ("tokens", "loss") else v / max(real, 1)) for k, v in sums.items()}
         metrics["loss"] = _all_reduce(metrics.get("loss", 0.0), dist.ReduceOp.SUM) / world
+        metrics["tokens"] = tok  # response tokens of the step, all ranks
         metrics["grad_norm"] = grad_norm
         metrics["micro_batches"] = float(n_micro)
         metrics["lr"] = float(self.scheduler.get_last_lr()[0])

@@ -42,7 +42,6 @@ from torch.distributed.checkpoint.state_dict import (
 from dart_ray.config import Config
 from dart_ray.models.loading import PolicyProcessor, load_model
 from dart_ray.store import Claim, Store, open_store
-from dart_ray.store.log import model_version_name
 from dart_ray.train.checkpointing import TrainerState, read_trainer_state, save_checkpoint
 from dart_ray.train.fsdp import comm_device, full_state_dict, shard_model
 from dart_ray.train.learner import Learner, LossSettings
@@ -119,7 +118,9 @@ class Publisher:
         """Put once, every replica loads in place; returns (checkpoint id, seconds)."""
         t0 = time.monotonic()
         cps = self.store.checkpoints
-        cid = cps.create(self.job.run_id, version, source="train")
+        cid = cps.create(
+            self.job.run_id, version, source="train", config_yaml=self.job.config.redacted_yaml()
+        )
         cps.start(cid)
         try:
             ref = ray.put(pack(state))  # once; replicas on this node read it zero-copy
@@ -156,10 +157,9 @@ class Publisher:
             self.store.checkpoints.complete(cid, path)
         if path is None:
             return
-        into = model_version_name(at.version)  # lineage: these rows are in this checkpoint
         for claims in self.pending.values():
             for c in claims:
-                self.store.log.ack(c, into=into)
+                self.store.log.ack(c, in_version=at.version)
         ray.get(self.curator.forget_steps.remote(self.job.session, sorted(self.pending)))
         self.pending.clear()
 

@@ -4,6 +4,7 @@ and on metrics Ray itself defines; the table in docs/OPERATIONS.md lists the sam
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 import ray
 from ray.util import metrics
 
-from actors import env_session, rollouter
+from actors import control, curator, env_session, rollouter
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = json.loads((REPO / "cluster" / "grafana" / "dart-ray-dashboard.json").read_text())
@@ -41,9 +42,40 @@ def registered(monkeypatch: pytest.MonkeyPatch) -> set[str]:
 
     for kind in ("Counter", "Gauge", "Histogram"):
         monkeypatch.setattr(metrics, kind, recorder(kind))
-    rollouter._Metrics("run")
-    env_session._Metrics("session", "minidesk")
+    for holder in METRIC_HOLDERS.values():
+        holder()
     return names
+
+
+METRIC_HOLDERS = {
+    "actors/rollouter.py": lambda: rollouter._Metrics("run"),
+    "actors/env_session.py": lambda: env_session._Metrics("session", "minidesk"),
+    "actors/curator.py": lambda: curator._BufferMetrics("run"),
+    "actors/control.py": lambda: control._TrainerMetrics("run"),
+}
+
+
+def test_every_module_with_metrics_is_read() -> None:
+    """A module that starts using ray.util.metrics must be added to METRIC_HOLDERS."""
+    users = {
+        str(p.relative_to(REPO))
+        for d in ("actors", "dart_ray", "serve_apps")
+        for p in (REPO / d).rglob("*.py")
+        if re.search(r"from ray\.util import metrics|ray\.util\.metrics", p.read_text())
+    }
+    assert users == set(METRIC_HOLDERS)
+
+
+def test_the_json_is_what_the_builder_writes() -> None:
+    spec = importlib.util.spec_from_file_location(
+        "build_dashboard", REPO / "cluster" / "grafana" / "build_dashboard.py"
+    )
+    assert spec is not None and spec.loader is not None
+    builder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(builder)
+    assert builder.OUT.read_text() == builder.render(), (
+        "regenerate: python cluster/grafana/build_dashboard.py"
+    )
 
 
 def test_every_dart_metric_on_the_dashboard_is_registered(registered: set[str]) -> None:

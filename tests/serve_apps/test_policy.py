@@ -6,6 +6,7 @@ import asyncio
 import base64
 import json
 import os
+import secrets
 import socket
 import urllib.error
 import urllib.request
@@ -39,7 +40,15 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def cfg() -> PolicyConfig:
+def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The route's token, in a file: it wins over the one in TOKEN_ENV (also configured)."""
+    f = tmp_path_factory.mktemp("policy-token") / "token"
+    f.write_text(secrets.token_hex(16) + "\n")
+    return f
+
+
+@pytest.fixture(scope="module")
+def cfg(token_file: Path) -> PolicyConfig:
     return PolicyConfig(
         replicas=2,
         num_cpus=0.5,
@@ -49,6 +58,7 @@ def cfg() -> PolicyConfig:
         batch_wait_ms=20,
         http_port=_free_port(),
         auth_token_env=TOKEN_ENV,
+        auth_token_file=token_file,
     )
 
 
@@ -182,8 +192,10 @@ def _post(port: int, path: str, body: Any, token: str | None) -> tuple[int, dict
         return e.code, json.loads(e.read())
 
 
-def test_openai_route_with_bearer_token(handle: DeploymentHandle, cfg: PolicyConfig) -> None:
-    port, token = cfg.http_port, os.environ[TOKEN_ENV]
+def test_openai_route_with_bearer_token(
+    handle: DeploymentHandle, cfg: PolicyConfig, token_file: Path
+) -> None:
+    port, token = cfg.http_port, token_file.read_text().strip()
     url = "data:image/png;base64," + base64.b64encode(png((10, 200, 10))).decode()
     body = {
         "model": "tiny",
@@ -205,6 +217,8 @@ def test_openai_route_with_bearer_token(handle: DeploymentHandle, cfg: PolicyCon
 
     assert _post(port, "/v1/chat/completions", body, None)[0] == 401
     assert _post(port, "/v1/chat/completions", body, "wrong")[0] == 401
+    assert _post(port, "/v1/chat/completions", body, token + "x")[0] == 401
+    assert _post(port, "/v1/chat/completions", body, os.environ[TOKEN_ENV])[0] == 401
     bad = {
         "messages": [
             {
@@ -221,6 +235,16 @@ def test_openai_route_with_bearer_token(handle: DeploymentHandle, cfg: PolicyCon
     status, out = _post(port, "/v1/chat/completions", {**body, "max_tokens": 10**9}, token)
     assert status == 400 and "max_tokens must be at most" in out["error"]["message"]
     assert _post(port, "/v1/chat/completions", {**body, "stop": 5}, token)[0] == 400
+    # malformed bodies: 400 with a message naming the field
+    for bad_body, field in [
+        ({**body, "temperature": "hot"}, "temperature"),
+        ({**body, "messages": "click OK"}, "messages"),
+        ({**body, "messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+        ({**body, "model": ["x"]}, "model"),
+        ([body], "JSON object"),
+    ]:
+        status, out = _post(port, "/v1/chat/completions", bad_body, token)
+        assert status == 400 and field in out["error"]["message"], (bad_body, out)
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30) as r:
         assert json.loads(r.read())["ok"] is True
     assert token not in json.dumps(handle.health.remote().result())

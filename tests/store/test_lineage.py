@@ -15,7 +15,7 @@ def test_ack_into_a_checkpoint_is_recorded_on_the_events(log: DurableLog, engine
     log.append_many([(make_trajectory(f"t{i}"), f"/b/{i}") for i in range(4)])
     first = log.claim("run-a", 2, consumer="c", lease_s=60)
     second = log.claim("run-a", 2, consumer="c", lease_s=60)
-    assert log.ack(first, into="v3") == 2
+    assert log.ack(first, in_version=3) == 2
     assert log.ack(second) == 2  # without a checkpoint name: no lineage, as before
     ev = dataset_usage_events.c
     with engine.connect() as c:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from dart_ray.config import EnvConfig, MiniDeskOptions
 from dart_ray.envs.minidesk.families import FAMILIES, TIERS
+from dart_ray.envs.taskfile import read_task_file
 from dart_ray.records import Task
 
 TASKS_DIR = Path(__file__).parent / "tasks"
@@ -80,27 +81,11 @@ def task_to_json(t: Task) -> str:
 
 
 def load_tasks(path: str | Path | None = None, split: str = "train") -> list[Task]:
-    """Tasks from a JSONL file, or MiniDesk's shipped split when `path` is None."""
-    p = Path(path) if path is not None else TASKS_DIR / f"{split}.jsonl"
-    tasks = []
-    with p.open() as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-                tasks.append(
-                    Task(
-                        d["task_id"],
-                        d["instruction"],
-                        d["env"],
-                        d.get("config", {}),
-                        d.get("split", split),
-                    )
-                )
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise ValueError(f"{p}:{n}: not a task line ({e})") from None
-    return tasks
+    """Tasks from a JSONL file, or MiniDesk's shipped split when `path` is None.
+
+    Any environment's task file reads through here; a bad line raises `TaskFileError` naming
+    the file, the line and the field (`dart_ray.envs.taskfile`)."""
+    return read_task_file(path if path is not None else TASKS_DIR / f"{split}.jsonl", split)
 
 
 def write_split(out: Path, split: str, per_cell: int) -> int:

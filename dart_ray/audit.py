@@ -1,0 +1,167 @@
+"""`dart-ray audit RUN`: prove from the database that a run lost and replayed nothing.
+
+Read-only. Every check is a query over the run's rows in `episode_start`, `rollout_run`,
+`dataset_usage_events` and `checkpoint`; a breach is a sentence naming the rows.
+
+- every episode started is in the log with its status (OK, TRUNCATED, ABORTED, ENV_ERROR,
+  POLICY_ERROR); a start without its trajectory is lost, unless the run is live (`live`);
+- no step sample was trained twice: a row has at most one ACK event and `used` <= 1;
+- no acknowledged data was lost: every ACKed row is CONSUMED, and its ACK names a COMPLETED
+  checkpoint whose files exist (rows are acknowledged only once their training is durable);
+- every CONSUMED row has its ACK, every DROPPED row a reason;
+- versions only went up: checkpoint versions grow with their ids; published versions never
+  repeat.
+
+Rows still CLAIMED are reported, not counted as breaches: their lease returns them to the pool.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from itertools import pairwise
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from dart_ray.records import Status
+from dart_ray.store.db import RowState, checkpoint, dataset_usage_events, episode_start, rollout_run
+
+STATUSES = {s.value for s in Status}
+
+
+@dataclass
+class AuditReport:
+    run_id: str
+    episodes_started: int = 0
+    trajectories: dict[str, int] = field(default_factory=dict)
+    """Logged trajectories by status."""
+    states: dict[str, int] = field(default_factory=dict)
+    """Rows by state (available, claimed, consumed, dropped)."""
+    drops: dict[str, int] = field(default_factory=dict)
+    acks: int = 0
+    checkpoints: dict[str, int] = field(default_factory=dict)
+    versions: list[int] = field(default_factory=list)
+    """COMPLETED checkpoint versions, in the order they were created."""
+    in_flight: int = 0
+    """Starts without a trajectory, tolerated because the run is live."""
+    breaches: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.breaches
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "ok": self.ok}, indent=2)
+
+
+def _ids(xs: list[object], limit: int = 10) -> str:
+    shown = ", ".join(str(x) for x in xs[:limit])
+    return f"{shown}{', ...' if len(xs) > limit else ''} ({len(xs)})"
+
+
+def audit(engine: Engine, run_id: str, *, live: bool = False) -> AuditReport:
+    r = AuditReport(run_id)
+    es, rr, ev, cp = episode_start.c, rollout_run.c, dataset_usage_events.c, checkpoint.c
+    with engine.connect() as c:
+        r.episodes_started = int(
+            c.scalar(sa.select(sa.func.count()).where(es.run_id == run_id)) or 0
+        )
+        lost = list(
+            c.scalars(
+                sa.select(es.trajectory_id)
+                .select_from(
+                    episode_start.outerjoin(
+                        rollout_run,
+                        sa.and_(rr.run_id == es.run_id, rr.trajectory_id == es.trajectory_id),
+                    )
+                )
+                .where(es.run_id == run_id, rr.id.is_(None))
+            )
+        )
+        rows = c.execute(
+            sa.select(rr.id, rr.status, rr.state, rr.used, rr.drop_reason).where(
+                rr.run_id == run_id
+            )
+        ).all()
+        acks = c.execute(
+            sa.select(ev.row_id, ev.reason, ev.created_at).where(
+                ev.run_id == run_id, ev.event_type == "ACK"
+            )
+        ).all()
+        cps = c.execute(
+            sa.select(cp.id, cp.version_num, cp.status, cp.path, cp.finished_at)
+            .where(cp.run_id == run_id, cp.deleted_at.is_(None))
+            .order_by(cp.id)
+        ).all()
+
+    if lost and live:
+        r.in_flight = len(lost)
+    elif lost:
+        r.breaches.append(f"episodes started but never logged: {_ids(lost)}")
+
+    r.trajectories = dict(Counter(row.status for row in rows))
+    odd = [row.id for row in rows if row.status not in STATUSES]
+    if odd:
+        r.breaches.append(f"rows with an unknown status: {_ids(odd)}")
+    r.states = {RowState.NAMES.get(k, str(k)): v for k, v in Counter(x.state for x in rows).items()}
+    r.drops = dict(Counter(x.drop_reason or "" for x in rows if x.state == RowState.DROPPED))
+    unexplained = [x.id for x in rows if x.state == RowState.DROPPED and not x.drop_reason]
+    if unexplained:
+        r.breaches.append(f"rows dropped without a reason: {_ids(unexplained)}")
+
+    r.acks = len(acks)
+    ack_count = Counter(a.row_id for a in acks)
+    twice = sorted(i for i, n in ack_count.items() if n > 1)
+    twice += sorted(x.id for x in rows if x.used > 1 and x.id not in ack_count)
+    if twice:
+        r.breaches.append(f"rows trained more than once: {_ids(twice)}")
+    state = {x.id: x.state for x in rows}
+    gone = sorted(i for i in ack_count if state.get(i) != RowState.CONSUMED)
+    if gone:
+        r.breaches.append(
+            f"acknowledged rows no longer CONSUMED (acknowledged data lost): {_ids(gone)}"
+        )
+    unacked = sorted(x.id for x in rows if x.state == RowState.CONSUMED and x.id not in ack_count)
+    if unacked:
+        r.breaches.append(f"CONSUMED rows without an ACK event: {_ids(unacked)}")
+
+    r.checkpoints = dict(Counter(x.status for x in cps))
+    completed = {x.version_num: x for x in cps if x.status == "COMPLETED"}
+    r.versions = [x.version_num for x in cps if x.status == "COMPLETED"]
+    not_durable = []
+    for a in acks:
+        v = int(a.reason[1:]) if a.reason and a.reason.startswith("v") else None
+        ck = completed.get(v) if v is not None else None
+        if ck is None or not ck.path or not Path(ck.path).exists():
+            not_durable.append(a.row_id)
+    if not_durable:
+        r.breaches.append(
+            "rows acknowledged without a durable COMPLETED checkpoint holding them: "
+            f"{_ids(sorted(set(not_durable)))}"
+        )
+    published = [x.version_num for x in cps if x.status != "FAILED"]
+    if any(b <= a for a, b in pairwise(published)):
+        r.breaches.append(f"checkpoint versions did not only go up: {published}")
+    return r
+
+
+def render(r: AuditReport) -> str:
+    lines = [
+        f"audit of run {r.run_id}: {'OK' if r.ok else 'BREACHED'}",
+        f"  episodes started   {r.episodes_started}"
+        + (f" ({r.in_flight} still in flight)" if r.in_flight else ""),
+        "  trajectories       "
+        + (", ".join(f"{k} {v}" for k, v in sorted(r.trajectories.items())) or "none"),
+        "  rows by state      "
+        + (", ".join(f"{k} {v}" for k, v in sorted(r.states.items())) or "none"),
+        "  dropped by reason  "
+        + (", ".join(f"{k} {v}" for k, v in sorted(r.drops.items())) or "none"),
+        f"  acknowledgements   {r.acks}",
+        f"  checkpoints        {', '.join(f'{k} {v}' for k, v in sorted(r.checkpoints.items())) or 'none'}",
+        f"  durable versions   {r.versions}",
+    ]
+    lines += [f"  BREACH: {b}" for b in r.breaches]
+    return "\n".join(lines)

@@ -1,0 +1,74 @@
+"""The policy route's request validation and token loading, without starting Serve.
+
+`test_policy.py` sends some of these bodies through a real Serve HTTP route; here every field
+is covered directly: each malformed value is a 400 whose message names the field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dart_ray.config import ConfigError, PolicyConfig
+from dart_ray.engines.base import SamplingParams
+from dart_ray.prompts import BadRequest
+from serve_apps.policy import MAX_HTTP_TOKENS, _sampling, read_token
+
+DEFAULTS = SamplingParams(1.0, 1.0, 64)
+
+
+def test_sampling_fields_and_defaults() -> None:
+    assert _sampling({}, DEFAULTS) == DEFAULTS
+    got = _sampling({"temperature": 0, "top_p": 0.5, "max_tokens": 7, "stop": "\n"}, DEFAULTS)
+    assert got == SamplingParams(0.0, 0.5, 7, ("\n",))
+    assert _sampling({"stop": ["a", "b"], "temperature": None}, DEFAULTS).stop == ("a", "b")
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"temperature": "hot"}, 'temperature must be a finite number, got "hot"'),
+        ({"temperature": True}, "temperature must be a finite number, got true"),
+        ({"temperature": float("nan")}, "temperature must be a finite number, got NaN"),
+        ({"temperature": -1}, "temperature must be >= 0"),
+        ({"top_p": 3}, "top_p must be in (0, 1]"),
+        ({"top_p": [1]}, "top_p must be a finite number"),
+        ({"max_tokens": 2.5}, "max_tokens must be an integer, got 2.5"),
+        ({"max_tokens": "10"}, 'max_tokens must be an integer, got "10"'),
+        ({"max_tokens": 0}, "max_tokens must be at least 1"),
+        ({"max_tokens": 10**400}, f"max_tokens must be at most {MAX_HTTP_TOKENS}"),
+        ({"stop": 5}, "stop must be a string or a list of strings"),
+        ({"stop": ["ok", {"x": 1}]}, "stop must be a string or a list of strings"),
+    ],
+)
+def test_each_bad_sampling_field_is_named(body: dict[str, Any], message: str) -> None:
+    with pytest.raises(BadRequest) as e:
+        _sampling(body, DEFAULTS)
+    assert message in str(e.value)
+
+
+def test_token_from_file_env_or_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert read_token(PolicyConfig()) is None
+    f = tmp_path / "token"
+    f.write_text("from-the-file\nignored second line\n")
+    monkeypatch.setenv("DART_TEST_POLICY_TOKEN_X", "from-the-env")
+    assert read_token(PolicyConfig(auth_token_file=f)) == "from-the-file"
+    assert read_token(PolicyConfig(auth_token_env="DART_TEST_POLICY_TOKEN_X")) == "from-the-env"
+    both = PolicyConfig(auth_token_file=f, auth_token_env="DART_TEST_POLICY_TOKEN_X")
+    assert read_token(both) == "from-the-file"  # the file wins
+
+
+def test_a_configured_token_that_is_missing_stops_the_replica(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DART_TEST_POLICY_TOKEN_UNSET", raising=False)
+    with pytest.raises(ConfigError, match="names DART_TEST_POLICY_TOKEN_UNSET, which is not set"):
+        read_token(PolicyConfig(auth_token_env="DART_TEST_POLICY_TOKEN_UNSET"))
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    with pytest.raises(ConfigError, match="is empty"):
+        read_token(PolicyConfig(auth_token_file=empty))
+    with pytest.raises(ConfigError, match="cannot read secret file"):
+        read_token(PolicyConfig(auth_token_file=tmp_path / "absent"))

@@ -1,0 +1,128 @@
+"""`dart-ray audit`: each check fires on the breach it is for and stays quiet on a clean run
+(SQLite and MariaDB), and the CLI exits non-zero on a breach."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from dart_ray.audit import audit
+from dart_ray.cli import main
+from dart_ray.store import BlobStore, CheckpointRegistry, DurableLog, EpisodeLedger, EpisodeStart
+from dart_ray.store.db import RetryPolicy, dataset_usage_events, rollout_run
+from dart_ray.store.episodes import log_unfinished
+from dart_ray.store.runs import register_run
+from tests.factories import make_trajectory
+
+RUN = "run-a"
+
+
+class _Store:
+    """What `log_unfinished` needs of a Store."""
+
+    def __init__(self, engine: Engine, tmp: Path) -> None:
+        self.engine = engine
+        self.log = DurableLog(engine, success_threshold=1.0)
+        self.blobs = BlobStore(str(tmp / "blobs"))
+        self.episodes = EpisodeLedger(engine, RetryPolicy())
+        self.checkpoints = CheckpointRegistry(engine, RetryPolicy())
+
+
+def _start(store: _Store, tid: str) -> None:
+    store.episodes.start(EpisodeStart(RUN, tid, "task-0", "g", 2, tid, "rollouter-0", 0))
+
+
+def _clean_run(store: _Store, tmp: Path) -> None:
+    """Two episodes started and logged; one trained into durable v1, one dropped."""
+    for tid in ("t1", "t2"):
+        _start(store, tid)
+        store.log.append(make_trajectory(tid), store.blobs.write(make_trajectory(tid)))
+    claim = store.log.claim(RUN, 10, consumer="c", lease_s=60)
+    cid = store.checkpoints.create(RUN, 1, source="train")
+    store.checkpoints.start(cid)
+    (tmp / "v1").mkdir()
+    store.checkpoints.complete(cid, str(tmp / "v1"))
+    t1 = [r.id for r in claim.rows if r.trajectory_id == "t1"]
+    t2 = [r.id for r in claim.rows if r.trajectory_id == "t2"]
+    store.log.ack(claim, t1, in_version=1)
+    store.log.drop(claim, t2, "no_signal")
+
+
+def test_a_clean_run_passes(engine: Engine, tmp_path: Path) -> None:
+    store = _Store(engine, tmp_path)
+    _clean_run(store, tmp_path)
+    r = audit(engine, RUN)
+    assert r.ok, r.breaches
+    assert r.episodes_started == 2 and r.trajectories == {"OK": 2}
+    assert r.states == {"consumed": 1, "dropped": 1} and r.drops == {"no_signal": 1}
+    assert r.versions == [1] and r.acks == 1
+
+
+def test_a_lost_episode_is_a_breach_until_logged_as_aborted(engine: Engine, tmp_path: Path) -> None:
+    store = _Store(engine, tmp_path)
+    _clean_run(store, tmp_path)
+    _start(store, "t3")  # started, then its rollouter died
+    assert audit(engine, RUN, live=True).ok
+    r = audit(engine, RUN)
+    assert not r.ok and "t3" in r.breaches[0]
+    assert log_unfinished(store, RUN, "rollouter died", rollouter="rollouter-1") == []
+    assert log_unfinished(store, RUN, "rollouter died", rollouter="rollouter-0") == ["t3"]
+    r = audit(engine, RUN)
+    assert r.ok and r.trajectories == {"OK": 2, "ABORTED": 1}
+
+
+def test_double_training_lost_acks_and_undurable_acks_are_breaches(
+    engine: Engine, tmp_path: Path
+) -> None:
+    store = _Store(engine, tmp_path)
+    _clean_run(store, tmp_path)
+    with engine.begin() as c:
+        row = c.execute(sa.select(rollout_run.c.id).where(rollout_run.c.trajectory_id == "t1"))
+        rid = row.scalar_one()
+        # a second ACK of the same row, naming a checkpoint that does not exist
+        c.execute(
+            dataset_usage_events.insert().values(
+                run_id=RUN, trajectory_id="t1", row_id=rid, event_type="ACK", reason="v7"
+            )
+        )
+    r = audit(engine, RUN)
+    assert any("more than once" in b for b in r.breaches)
+    assert any("without a durable COMPLETED checkpoint" in b for b in r.breaches)
+    with engine.begin() as c:  # the acknowledged row went back to the pool: lost
+        c.execute(rollout_run.update().where(rollout_run.c.id == rid).values(state=0))
+    assert any("acknowledged data lost" in b for b in audit(engine, RUN).breaches)
+
+
+def test_versions_must_only_go_up(engine: Engine, tmp_path: Path) -> None:
+    store = _Store(engine, tmp_path)
+    _clean_run(store, tmp_path)
+    with engine.begin() as c:
+        c.execute(
+            sa.text(
+                "INSERT INTO checkpoint (name, version, version_num, run_id, status) "
+                "VALUES ('x', 'v0', 0, :r, 'COMPLETED')"
+            ),
+            {"r": RUN},
+        )
+    assert any("only go up" in b for b in audit(engine, RUN).breaches)
+
+
+def test_cli_exits_non_zero_on_a_breach(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from dart_ray.store.db import create_engine, init_schema
+
+    engine = create_engine(f"sqlite:///{tmp_path / 'dart-ray.sqlite'}")
+    init_schema(engine)
+    register_run(engine, RUN, "test", {})
+    store = _Store(engine, tmp_path)
+    _clean_run(store, tmp_path)
+    args = ["audit", RUN, f"run.root_dir={tmp_path}"]
+    assert main(args) == 0
+    assert "audit of run run-a: OK" in capsys.readouterr().out
+    _start(store, "t9")
+    assert main(args) == 1
+    assert "BREACH: episodes started but never logged: t9" in capsys.readouterr().out
+    assert main([*args, "--live"]) == 0
+    assert main(["audit", "no-such-run", f"run.root_dir={tmp_path}"]) == 2
+    engine.dispose()

@@ -1,0 +1,213 @@
+"""Faults injected for real while a run goes (markers `slow`, `mysql`): nothing is lost,
+nothing is trained twice, versions only go up.
+
+Each test runs `dart-ray train` as its own process against a real Ray cluster on this machine
+(`ray start --head`) and a private MariaDB server, and reaches into the cluster from here to
+SIGKILL the process of one part at a time: an EnvSession, the policy server's replica, the
+curator, a Ray Train worker, the rollouter; then it restarts MariaDB. After each fault the run
+must publish a new version on its own. Resume: SIGTERM ends a run cleanly, SIGKILL of the
+driver loses it, `dart-ray train --resume` continues it both times. `dart-ray audit` must
+pass at the end (and, with `--live`, between faults).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from dart_ray.store.db import create_engine
+from dart_ray.testing.mariadb import TemporaryMariaDB, mariadb_available
+from dart_ray.testing.raycluster import LocalCluster, free_port
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+NS = "dart-faults"
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.mysql,
+    pytest.mark.timeout(2400),
+    pytest.mark.skipif(not mariadb_available(), reason="needs mariadbd to start a private server"),
+]
+
+
+@dataclass
+class World:
+    tmp: Path
+    db: TemporaryMariaDB
+    cluster: LocalCluster
+    dsn: str
+
+    def train(self, run_id: str, *args: str, resume: bool = False) -> subprocess.Popen[bytes]:
+        cmd = [str(BIN / "dart-ray"), "train"]
+        if resume:
+            cmd += ["--resume", run_id]
+        cmd += [
+            f"run.root_dir={self.tmp}",
+            f"run.run_id={run_id}",
+            "run.eval_tasks=0",
+            "run.max_minutes=20",
+            f"cluster.address={self.cluster.address}",
+            f"cluster.namespace={NS}",
+            f"store.dsn={self.dsn}",
+            "env.num_sessions=2",
+            "rollout.in_flight=2",
+            "rollout.max_steps=2",
+            "policy.max_new_tokens=24",
+            "curation.groups_per_step=1",
+            "curation.group_timeout_s=20",
+            "curation.lease_s=20",
+            "curation.drop_no_signal=false",  # every group trains: the pipeline is under test
+            "train.save_every=1",
+            f"policy.http_port={free_port()}",
+            *args,
+        ]
+        log = open(self.tmp / f"{run_id}.log", "ab")  # noqa: SIM115 (the process owns it)
+        return subprocess.Popen(
+            cmd, cwd=REPO, env=self.cluster.env, stdout=log, stderr=subprocess.STDOUT
+        )
+
+    def versions(self, run_id: str) -> list[int]:
+        engine = create_engine(self.dsn, connect_timeout_s=2)
+        try:
+            with engine.connect() as c:
+                return list(
+                    c.scalars(
+                        sa.text(
+                            "SELECT version_num FROM checkpoint WHERE run_id = :r "
+                            "AND status = 'COMPLETED' ORDER BY id"
+                        ),
+                        {"r": run_id},
+                    )
+                )
+        except sa.exc.OperationalError:
+            return []  # the server is restarting
+        finally:
+            engine.dispose()
+
+    def wait_version(
+        self, run_id: str, at_least: int, proc: subprocess.Popen[bytes], timeout_s: float = 300
+    ) -> int:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            v = max(self.versions(run_id), default=0)
+            if v >= at_least:
+                return v
+            if proc.poll() is not None:
+                raise AssertionError(f"the run exited ({proc.returncode}):\n{self.log(run_id)}")
+            time.sleep(1)
+        raise AssertionError(f"no version {at_least} in {timeout_s} s:\n{self.log(run_id)}")
+
+    def log(self, run_id: str) -> str:
+        return (self.tmp / f"{run_id}.log").read_text(errors="replace")[-5000:]
+
+    def audit(self, run_id: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(BIN / "dart-ray"), "audit", run_id, f"store.dsn={self.dsn}", *extra],
+            capture_output=True,
+            text=True,
+            env=self.cluster.env,
+            timeout=120,
+        )
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    db = TemporaryMariaDB().start()
+    engine = create_engine(db.url + "/")
+    with engine.begin() as c:
+        c.execute(sa.text("CREATE DATABASE dart"))
+    engine.dispose()
+    cluster = LocalCluster(str(BIN / "ray"), {"PATH": f"{BIN}:/usr/bin:/bin", "RAY_ADDRESS": ""})
+    try:
+        cluster.start_head(num_cpus=4, resources='{"env": 8}')
+        yield World(tmp_path, db, cluster, f"{db.url}/dart")
+    finally:
+        cluster.stop()
+        db.stop()
+
+
+def _pid_of(world: World, class_prefix: str) -> int:
+    """The process of a live actor of the cluster whose class starts with `class_prefix`
+    (through the dashboard's state API: this process does not join the cluster)."""
+    from ray.util.state import list_actors
+
+    actors = list_actors(
+        address=world.cluster.dashboard,
+        filters=[("state", "=", "ALIVE")],
+        limit=10_000,
+        raise_on_missing_output=False,
+    )
+    for a in actors:
+        if a.class_name.startswith(class_prefix) and a.pid:
+            return int(a.pid)
+    raise AssertionError(f"no live actor {class_prefix!r}: {[a.class_name for a in actors]}")
+
+
+def _kill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+
+
+def _audit_ok(world: World, run_id: str, *extra: str) -> str:
+    p = world.audit(run_id, *extra)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p.stdout
+
+
+def test_killing_each_part_in_turn_loses_nothing(world: World) -> None:
+    run = "faults"
+    proc = world.train(run, "run.max_versions=9")
+    try:
+        v = world.wait_version(run, 1, proc)
+        faults = [
+            ("an environment session", lambda: _kill(_pid_of(world, "EnvSession"))),
+            ("the policy replica", lambda: _kill(_pid_of(world, "ServeReplica:policy-faults"))),
+            ("the curator", lambda: _kill(_pid_of(world, "Curator"))),
+            ("a trainer worker", lambda: _kill(_pid_of(world, "RayTrainWorker"))),
+            ("the rollouter", lambda: _kill(_pid_of(world, "Rollouter"))),
+            ("MariaDB (restart)", lambda: world.db.restart(signal.SIGKILL, down_s=3.0)),
+        ]
+        for what, fault in faults:
+            fault()
+            v = world.wait_version(run, v + 1, proc)  # the run goes on by itself
+            live = world.audit(run, "--live")
+            assert live.returncode == 0, f"after killing {what}:\n{live.stdout}{live.stderr}"
+        assert proc.wait(timeout=600) == 0, world.log(run)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = _audit_ok(world, run)
+    assert "BREACH" not in out
+    assert world.versions(run) == sorted(set(world.versions(run)))  # only up, never repeated
+
+
+def test_resume_after_sigterm_and_after_sigkill_of_the_driver(world: World) -> None:
+    run = "resumed"
+    proc = world.train(run, "run.max_versions=6")
+    world.wait_version(run, 2, proc)
+    proc.send_signal(signal.SIGTERM)  # what `ray job stop` sends
+    assert proc.wait(timeout=300) == 0, world.log(run)
+    assert "held-out success" in world.log(run)  # the report of a clean stop
+    _audit_ok(world, run)
+    stopped_at = max(world.versions(run))
+
+    proc = world.train(run, "run.max_versions=6", resume=True)
+    world.wait_version(run, stopped_at + 1, proc)
+    proc.kill()  # SIGKILL of the driver: its actors die with it, mid-episode and mid-claim
+    proc.wait(timeout=60)
+    killed_at = max(world.versions(run))
+
+    proc = world.train(run, "run.max_versions=6", resume=True)
+    assert proc.wait(timeout=900) == 0, world.log(run)
+    versions = world.versions(run)
+    assert versions == sorted(set(versions)) and versions[-1] == 6 and killed_at < 6
+    out = _audit_ok(world, run)
+    assert "claimed" not in out.split("rows by state")[1].split("\n")[0]  # nothing left held

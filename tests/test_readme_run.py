@@ -1,0 +1,36 @@
+"""The README's main-job command, `make run`, from a clean clone (marker `slow`): it sets up
+its own venv, runs `dart-ray train` on the embedded default, finishes on its own, and leaves
+the report, the curve and the TensorBoard events in the run folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+
+
+def test_make_run_from_a_clean_clone(tmp_path: Path) -> None:
+    clone = tmp_path / "dart-ray"
+    subprocess.run(["git", "clone", "--quiet", str(REPO), str(clone)], check=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "RAY_"))}
+    p = subprocess.run(
+        ["make", "run"], cwd=clone, env=env, capture_output=True, text=True, timeout=2300
+    )
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-4000:]
+    assert "held-out success before -> after" in out, out[-4000:]
+    reports = list((clone / "runs").glob("*/report.json"))
+    assert len(reports) == 1, out[-2000:]
+    report = json.loads(reports[0].read_text())
+    run_dir = reports[0].parent
+    assert (run_dir / "curve.png").stat().st_size > 0
+    assert any((run_dir / "tb").iterdir())
+    assert report["versions"] >= 1 and report["train_steps"] >= 1
+    assert report["heldout_before"] is not None and report["heldout_after"] is not None
+    assert 0 < report["env_utilisation"] <= 1
