@@ -187,7 +187,7 @@ HOW: dict[str, How] = {
     ),
     # need what this machine has not: checked against what they act on
     r"make run": How(
-        "check", _covered("tests/test_driver.py::test_a_short_run_accounts_for_everything")
+        "check", _covered("tests/test_readme_run.py::test_make_run_from_a_clean_clone")
     ),
     r"make test": How("check", _ci_runs_it),
     r"ray job submit .* -- dart-ray train .*": How("check", _entrypoint),
