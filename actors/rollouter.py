@@ -178,6 +178,14 @@ class Rollouter:
     async def stats(self) -> RolloutReport:
         return self.report
 
+    async def add_sessions(self, sessions: list[Any]) -> int:
+        """Take more sessions (a growing pool, `actors/env_pool.py`); used from the next start."""
+        self.sessions.extend(sessions)
+        for s in sessions:
+            self.idle.put_nowait(s)
+        self.report.sessions = len(self.sessions)
+        return len(self.sessions)
+
     # ------------------------------------------------------------------ the loop
 
     async def run(self, max_groups: int | None = None) -> RolloutReport:
@@ -187,7 +195,6 @@ class Rollouter:
         if self._first_run is None:
             self._first_run = time.monotonic()
         opened_at_start = self.scheduler.groups_opened
-        k = min(self.c.rollout.in_flight, len(self.sessions))
         running: set[asyncio.Task[None]] = set()
 
         def may_start() -> bool:
@@ -200,7 +207,10 @@ class Rollouter:
 
         try:
             while True:
-                while len(running) < k and may_start():
+                # read each time: a growing pool adds sessions while the loop runs
+                while len(running) < min(self.c.rollout.in_flight, len(self.sessions)) and (
+                    may_start()
+                ):
                     slot = await asyncio.to_thread(self.scheduler.next_slot)
                     self._remaining.setdefault(slot.group_id, slot.group_size)
                     running.add(asyncio.create_task(self._slot(slot)))

@@ -25,6 +25,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -149,7 +150,13 @@ class EnvConfig(_Section):
     task_limit: int | None = Field(default=None, ge=1)
     """Use only the first N tasks of each split after filtering (unset: all)."""
     num_sessions: int = Field(default=4, ge=1)
-    """EnvSession actors in the pool."""
+    """EnvSession actors in the pool at the start."""
+    max_sessions: int | None = Field(default=None, ge=1)
+    """Grow the pool up to this many sessions as the cluster's `env.resource` grows (one
+    session per unit, e.g. environment nodes the autoscaler adds). Unset: the pool stays at
+    num_sessions."""
+    grow_interval_s: float = Field(default=30.0, gt=0)
+    """How often a growing pool reads the cluster's resources."""
     screen_width: int = Field(default=320, ge=28)
     """Screen width in pixels."""
     screen_height: int = Field(default=240, ge=28)
@@ -168,6 +175,21 @@ class EnvConfig(_Section):
     """Options of MiniWoB++ in Chromium."""
     desktop: DesktopOptions = DesktopOptions()
     """Options of the X desktop reached through the OSWorld protocol."""
+
+    @field_validator("max_sessions")
+    @classmethod
+    def _at_least_the_start(cls, v: int | None, info: ValidationInfo) -> int | None:
+        start = info.data.get("num_sessions")
+        if v is not None and start is not None and v < start:
+            raise ValueError(f"must be at least env.num_sessions ({start})")
+        return v
+
+    @field_validator("resource")
+    @classmethod
+    def _needed_to_grow(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if not v and info.data.get("max_sessions") is not None:
+            raise ValueError("must be set when env.max_sessions is: the pool grows with it")
+        return v
 
 
 class PolicyConfig(_Section):
@@ -228,7 +250,8 @@ class PolicyConfig(_Section):
     vllm_max_model_len: int = Field(default=8192, ge=256)
     """vLLM: longest prompt plus response, in tokens."""
     vllm_kv_cache_mb: int = Field(default=512, ge=16)
-    """vLLM on CPU: memory reserved for the KV cache, MiB."""
+    """vLLM: memory reserved for the KV cache, MiB (on GPU as on CPU: a fixed size, so a
+    replica that shares its GPU with a train worker takes no more than it was given)."""
     vllm_logprobs_topk: int = Field(default=20, ge=-1)
     """vLLM: top log-probs per token used to estimate the entropy (a lower bound); -1 returns
     the whole vocabulary (exact entropy; affordable for small vocabularies only)."""
@@ -319,6 +342,9 @@ class TrainConfig(_Section):
     """Train on GPUs (NCCL) instead of CPUs (gloo)."""
     cpus_per_worker: float = Field(default=1.0, gt=0)
     """CPUs each train worker reserves."""
+    gpus_per_worker: float = Field(default=1.0, gt=0)
+    """GPUs each train worker reserves when use_gpu (a fraction shares a GPU with a policy
+    replica, e.g. 0.5 and policy.num_gpus = 0.5 on a one-GPU machine)."""
     max_restarts: int = Field(default=3, ge=0)
     """Times the trainer is started again after a worker died (from the newest COMPLETED
     checkpoint, in a new trainer session); the run fails after that."""

@@ -23,6 +23,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 
 from actors.control import RunControl
 from actors.curator import Curator
+from actors.env_pool import start_grower
 from actors.env_session import start_sessions
 from actors.rollouter import Rollouter
 from dart_ray.config import Config, ConfigError
@@ -112,6 +113,8 @@ class Parts:
     heldout: list[Task]
     start: TrainerState = field(default_factory=lambda: TrainerState(0, 0))
     app: str = ""
+    grower: Any = None
+    """The EnvPoolGrower when `env.max_sessions` is set (the pool grows with the resource)."""
 
     def names(self, part: str) -> str:
         return f"{part}:{self.run_id}"
@@ -135,7 +138,7 @@ class Parts:
             scaling_config=ScalingConfig(
                 num_workers=c.train.num_workers,
                 use_gpu=c.train.use_gpu,
-                resources_per_worker={"CPU": c.train.cpus_per_worker},
+                resources_per_worker=_worker_resources(c),
             ),
             torch_config=TorchConfig(backend="nccl" if c.train.use_gpu else "gloo"),
             # a unique name per fit: Ray Train's clean-up of an earlier fit in the same Ray
@@ -235,7 +238,19 @@ def start(config: Config) -> Parts:
         )
         for i in range(config.rollout.rollouters)
     ]
+    if config.env.max_sessions is not None:
+        parts.grower = start_grower(
+            config.env, f"env-{run_id}", parts.rollouters, len(sessions), parts.names("env-pool")
+        )
     return parts
+
+
+def _worker_resources(c: Config) -> dict[str, float]:
+    """What each Ray Train worker reserves: CPUs, and GPUs (possibly a fraction) on GPU."""
+    res = {"CPU": c.train.cpus_per_worker}
+    if c.train.use_gpu:
+        res["GPU"] = c.train.gpus_per_worker
+    return res
 
 
 def _heldout(config: Config) -> list[Task]:
@@ -257,7 +272,14 @@ def stop(parts: Parts) -> None:
         ray.get(parts.curator.shutdown.remote(), timeout=60)
     except (ray.exceptions.RayError, TimeoutError) as e:
         log.warning("curator shutdown: %s", e)
-    for a in [*parts.rollouters, parts.curator, parts.control, *parts.sessions]:
+    grown: list[Any] = []
+    if parts.grower is not None:
+        try:
+            grown = ray.get(parts.grower.sessions.remote(), timeout=60)
+        except (ray.exceptions.RayError, TimeoutError) as e:  # its sessions die with the job
+            log.warning("env pool grower: %s", e)
+        ray.kill(parts.grower)
+    for a in [*parts.rollouters, parts.curator, parts.control, *parts.sessions, *grown]:
         ray.kill(a)
     serve.delete(parts.app)
     parts.store.dispose()

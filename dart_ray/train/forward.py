@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import pyarrow as pa
 import torch
@@ -43,6 +43,13 @@ class MicroBatch:
     @property
     def num_tokens(self) -> int:
         return int(self.attention_mask.sum())
+
+    def to(self, device: torch.device | str) -> MicroBatch:
+        """The same micro-batch with every tensor on `device` (the model's)."""
+        moved = {f.name: getattr(self, f.name) for f in fields(self)}
+        return MicroBatch(
+            **{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in moved.items()}
+        )
 
 
 def _pad(seqs: Sequence[Sequence[float]], value: float, dtype: torch.dtype) -> torch.Tensor:
@@ -133,16 +140,17 @@ def response_logprobs(
         logits = logits / temperature
     b, t = mb.response_ids.shape
     # the logit at position p predicts token p + 1: response token j sits at prompt_len + j
-    pos = (mb.prompt_lens.unsqueeze(1) - 1 + torch.arange(t).unsqueeze(0)).clamp(
+    steps = torch.arange(t, device=logits.device)
+    pos = (mb.prompt_lens.unsqueeze(1) - 1 + steps.unsqueeze(0)).clamp(
         max=logits.shape[1] - 1
     )  # (B, T)
     sel = logits.gather(1, pos.unsqueeze(-1).expand(b, t, logits.shape[-1])).float()  # (B, T, V)
     if suppressed is not None and suppressed.numel():
-        sel = sel.index_fill(-1, suppressed, float("-inf"))
+        sel = sel.index_fill(-1, suppressed.to(sel.device), float("-inf"))
     logp_all = torch.log_softmax(sel, dim=-1)
     logp = logp_all.gather(-1, mb.response_ids.unsqueeze(-1)).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all.clamp(min=-1e30)).sum(-1)  # 0 * -inf -> 0
     # padding may hold a suppressed id (log-prob -inf): select, never multiply by the mask
     real = mb.response_mask.bool()
-    zero = torch.zeros((), dtype=logp.dtype)
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     return torch.where(real, logp, zero), torch.where(real, entropy, zero).detach()

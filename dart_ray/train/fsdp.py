@@ -26,10 +26,18 @@ def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if type(m).__name__.endswith(BLOCK_SUFFIXES)]
 
 
+def comm_device() -> torch.device:
+    """Where collective tensors must live: the current GPU under NCCL, else the CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def shard_model(model: torch.nn.Module, device_type: str = "cpu") -> torch.nn.Module:
-    """Apply FSDP2 in place (a no-op without an initialised process group of size > 1)."""
+    """Apply FSDP2 in place, which also moves the parameters to `device_type`; without a
+    process group, only the move."""
     if not dist.is_initialized():
-        return model
+        return model.to(device_type)
     mesh = init_device_mesh(device_type, (dist.get_world_size(),))
     for block in blocks(model):
         fully_shard(block, mesh=mesh)

@@ -35,6 +35,7 @@ from dart_ray.algo.losses import (
 )
 from dart_ray.records import SAMPLE_SCHEMA
 from dart_ray.train.forward import MicroBatch, collate, response_logprobs
+from dart_ray.train.fsdp import comm_device
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ def split_micro(batch: pa.RecordBatch, max_tokens: int) -> list[pa.RecordBatch]:
 def _all_reduce(x: float, op: dist.ReduceOp.RedOpType) -> float:
     if not dist.is_initialized():
         return x
-    t = torch.tensor([x], dtype=torch.float64)
+    t = torch.tensor([x], dtype=torch.float64, device=comm_device())
     dist.all_reduce(t, op=op)
     return float(t.item())
 
@@ -94,8 +95,10 @@ class Learner:
         warmup_steps: int = 0,
         ref_model: torch.nn.Module | None = None,
         suppressed_ids: list[int] | None = None,
+        device: torch.device | str = "cpu",
     ) -> None:
         self.model = model
+        self.device = torch.device(device)
         self.ref_model = ref_model
         self.image_processor = image_processor
         self.image_pad_id = image_pad_id
@@ -137,7 +140,7 @@ class Learner:
             rb = pa.RecordBatch.from_pydict(row, schema=SAMPLE_SCHEMA)
             self._dummy = collate(
                 rb, self.image_processor, image_pad_id=self.image_pad_id, pad_id=self.pad_id
-            )
+            ).to(self.device)
         return self._dummy
 
     def _loss(
@@ -193,7 +196,9 @@ class Learner:
         self.model.train()
         micro = split_micro(shard, self.tokens_per_micro) if shard.num_rows else []
         batches = [
-            collate(b, self.image_processor, image_pad_id=self.image_pad_id, pad_id=self.pad_id)
+            collate(b, self.image_processor, image_pad_id=self.image_pad_id, pad_id=self.pad_id).to(
+                self.device
+            )
             for b in micro
         ]
         world = dist.get_world_size() if dist.is_initialized() else 1

@@ -43,7 +43,7 @@ from dart_ray.config import Config
 from dart_ray.models.loading import PolicyProcessor, load_model
 from dart_ray.store import Claim, Store, open_store
 from dart_ray.train.checkpointing import TrainerState, read_trainer_state, save_checkpoint
-from dart_ray.train.fsdp import full_state_dict, shard_model
+from dart_ray.train.fsdp import comm_device, full_state_dict, shard_model
 from dart_ray.train.learner import Learner, LossSettings
 from dart_ray.weights import pack
 
@@ -79,7 +79,7 @@ def _rank() -> int:
 def _any(flag: bool) -> bool:
     if not dist.is_initialized():
         return flag
-    t = torch.tensor([int(flag)])
+    t = torch.tensor([int(flag)], device=comm_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
 
@@ -164,7 +164,9 @@ class Publisher:
         self.pending.clear()
 
 
-def _learner(job: TrainJob, model: torch.nn.Module, processor: PolicyProcessor) -> Learner:
+def _learner(
+    job: TrainJob, model: torch.nn.Module, processor: PolicyProcessor, device: str
+) -> Learner:
     c = job.config
     return Learner(
         model,
@@ -186,6 +188,7 @@ def _learner(job: TrainJob, model: torch.nn.Module, processor: PolicyProcessor) 
         grad_clip=c.train.grad_clip,
         tokens_per_micro=c.train.tokens_per_rank,
         suppressed_ids=processor.suppressed_ids(c.policy.allow_special_tokens),
+        device=device,
     )
 
 
@@ -196,7 +199,7 @@ def _build(job: TrainJob) -> tuple[torch.nn.Module, Learner]:
     if c.train.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     device = "cuda" if c.train.use_gpu else "cpu"
-    learner = _learner(job, shard_model(model, device), processor)
+    learner = _learner(job, shard_model(model, device), processor, device)
     if c.algo.kl_beta > 0:
         learner.ref_model = shard_model(load_model(job.model_dir), device)
     opt_file = Path(job.model_dir) / "optimizer.pt"

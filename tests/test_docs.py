@@ -1,0 +1,362 @@
+"""Every command in the docs is run by a test.
+
+Each line of a ```bash block in README.md and docs/*.md must match exactly one entry of
+`HOW`, which says how it is tested:
+
+- `run`: run here as written, in a scratch folder laid out like the repository (configs,
+  fixtures, the venv's `bin` as `.venv/bin`, a populated SQLite log), and it must succeed;
+- `flags`: a script or module that would run for minutes or needs a service: its own
+  `--help` must list every flag the docs pass;
+- `check`: something that needs a cluster, a GPU, Docker or kubectl: a function checks what
+  it acts on (the YAML, the manifest, the entrypoint) and names the test that covers the
+  rest, which must exist.
+
+A new command in the docs without an entry fails `test_every_doc_command_has_a_test`.
+
+Every ```sql block is run against a durable log filled through the real API (on SQLite, and
+on MariaDB under the `mysql` marker) and must return rows, unless it starts with
+`-- expect: no rows`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+import yaml
+from sqlalchemy.engine import Engine
+
+from dart_ray.cli import build_parser
+from dart_ray.config import load_config
+from dart_ray.records import Status
+from dart_ray.store.checkpoints import CheckpointRegistry
+from dart_ray.store.db import create_engine, init_schema
+from dart_ray.store.log import DurableLog
+from dart_ray.store.runs import register_run
+from tests.factories import make_trajectory
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+RUN_ID = "my-run"  # the run id the SQL in the docs names
+
+
+# --------------------------------------------------------------------------- extraction
+
+
+def _blocks(text: str, langs: tuple[str, ...]) -> list[str]:
+    pattern = r"^```(?:" + "|".join(langs) + r")\n(.*?)^```"
+    return re.findall(pattern, text, flags=re.M | re.S)
+
+
+def doc_commands() -> list[tuple[str, str]]:
+    """(where, command) for every command line of every bash block, continuations joined
+    and trailing comments removed."""
+    out = []
+    for path in DOC_FILES:
+        for block in _blocks(path.read_text(), ("bash", "sh", "shell")):
+            for line in block.replace("\\\n", " ").splitlines():
+                cmd = re.sub(r"\s+#.*$", "", line).strip()
+                cmd = re.sub(r"\s+", " ", cmd)
+                if cmd and not cmd.startswith("#"):
+                    out.append((path.name, cmd))
+    return out
+
+
+def doc_queries() -> list[tuple[str, str]]:
+    out = []
+    for path in DOC_FILES:
+        for block in _blocks(path.read_text(), ("sql",)):
+            out.append((path.name, block.strip()))
+    return out
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _tested(ref: str) -> None:
+    """`tests/x.py::test_y` names a test that exists."""
+    file, _, name = ref.partition("::")
+    assert re.search(rf"^def {name}\(", (REPO / file).read_text(), re.M), f"{ref} is gone"
+
+
+def _validate_cluster_yaml(cmd: str) -> None:
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    path = REPO / shlex.split(cmd)[-1]
+    validate_config(prepare_config(yaml.safe_load(path.read_text())))
+    _tested("tests/cluster/test_cluster_configs.py::test_cluster_yamls_pass_rays_validation")
+
+
+def _entrypoint(cmd: str) -> None:
+    """A `ray job submit ... -- dart-ray ...`: the runtime_env file is valid, and the
+    entrypoint parses with our CLI and its config loads."""
+    import ray
+
+    argv = shlex.split(cmd)
+    if "--runtime-env" in argv:
+        spec = yaml.safe_load((REPO / argv[argv.index("--runtime-env") + 1]).read_text())
+        ray.runtime_env.RuntimeEnv(**spec)
+    entry = argv[argv.index("--") + 1 :]
+    assert entry[0] == "dart-ray"
+    args = build_parser().parse_args(entry[1:])
+    load_config(REPO / args.config if args.config else None, args.overrides)
+    _tested("tests/test_job_submit.py::test_job_submit_to_a_two_node_cluster")
+
+
+MANIFEST_TESTS = {
+    "RayCluster": "tests/cluster/test_cluster_configs.py::"
+    "test_kuberay_raycluster_structure_and_resources",
+    "RayJob": "tests/cluster/test_cluster_configs.py::test_kuberay_rayjob_runs_the_recipe_on_that_cluster",
+}
+
+
+def _manifest(cmd: str) -> None:
+    doc = yaml.safe_load((REPO / shlex.split(cmd)[-1]).read_text())
+    assert doc["apiVersion"] == "ray.io/v1"
+    _tested(MANIFEST_TESTS[doc["kind"]])
+
+
+def _kuberay_cluster() -> dict:  # type: ignore[type-arg]
+    return yaml.safe_load((REPO / "cluster/kuberay/raycluster.yaml").read_text())
+
+
+def _secret(cmd: str) -> None:
+    """The Secret the docs create is the one the manifest's containers read."""
+    argv = shlex.split(cmd)
+    name = argv[argv.index("generic") + 1]
+    key = next(a for a in argv if a.startswith("--from-file=")).split("=")[1]
+    head = _kuberay_cluster()["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    refs = [e["valueFrom"]["secretKeyRef"] for e in head["env"] if "valueFrom" in e]
+    assert {"name": name, "key": key} in refs
+
+
+def _port_forward(cmd: str) -> None:
+    """KubeRay names the head service `<cluster>-head-svc`; the head exposes the port."""
+    argv = shlex.split(cmd)
+    rc = _kuberay_cluster()
+    assert argv[2] == f"svc/{rc['metadata']['name']}-head-svc"
+    remote = int(argv[3].split(":")[1])
+    head = rc["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert remote in {p["containerPort"] for p in head["ports"]}
+
+
+def _dockerfile(cmd: str) -> None:
+    argv = shlex.split(cmd)
+    assert (REPO / argv[argv.index("-f") + 1]).is_file()
+    _tested("tests/cluster/test_dockerfile.py::test_hadolint_finds_nothing")
+
+
+def _ci_runs_it(cmd: str) -> None:
+    """CI's entry point is this very command."""
+    assert cmd in (REPO / ".ci" / "run").read_text()
+
+
+def _covered(ref: str) -> Callable[[str], None]:
+    return lambda cmd: _tested(ref)
+
+
+@dataclass(frozen=True)
+class How:
+    kind: str  # "run" | "flags" | "check"
+    check: Callable[[str], None] | None = None
+
+
+HOW: dict[str, How] = {
+    # run as written
+    r"dart-ray config show( --docs)?( --config configs/[\w.-]+\.toml)?": How("run"),
+    r"(\.venv/bin/)?dart-ray status": How("run"),
+    r"dart-ray config show '[^']*' \| grep \w+": How("run"),
+    r"dart-ray model init --out models/tiny( --seed \d+ --min-pixels \d+ --max-pixels \d+)?": How(
+        "run"
+    ),
+    r"pytest -m gpu tests/test_gpu_recipe\.py": How("run"),
+    # long runs and services: the flags exist
+    r"\.venv/bin/python benchmarks/\w+\.py.*": How("flags"),
+    r"(\.venv/bin/)?python -m dart_ray\.envs\.(minidesk\.generate|desktop\.server|osworld_tasks) .*": How(
+        "flags"
+    ),
+    # need what this machine has not: checked against what they act on
+    r"make run": How(
+        "check", _covered("tests/test_readme_run.py::test_make_run_from_a_clean_clone")
+    ),
+    r"make test": How("check", _ci_runs_it),
+    r"ray job submit .* -- dart-ray train .*": How("check", _entrypoint),
+    r"ray (up|down|dashboard) cluster/\w+\.yaml": How("check", _validate_cluster_yaml),
+    r"docker build -f cluster/Dockerfile .*": How("check", _dockerfile),
+    r"kubectl apply -f cluster/kuberay/\w+\.yaml": How("check", _manifest),
+    r"kubectl create secret generic .*": How("check", _secret),
+    r"kubectl port-forward svc/\S+ \d+:\d+": How("check", _port_forward),
+}
+
+
+def _kind(cmd: str) -> str | None:
+    """The kind of the one entry that matches, else None (reported by the test below)."""
+    matches = [h for pattern, h in HOW.items() if re.fullmatch(pattern, cmd)]
+    return matches[0].kind if len(matches) == 1 else None
+
+
+def _how(cmd: str) -> How:
+    matches = [h for pattern, h in HOW.items() if re.fullmatch(pattern, cmd)]
+    assert len(matches) == 1, (
+        f"{cmd!r} matches {len(matches)} entries of tests/test_docs.py HOW: add exactly one, "
+        "saying how it is tested"
+    )
+    return matches[0]
+
+
+def test_configuration_reference_is_current() -> None:
+    """docs/CONFIGURATION.md is what `dart-ray config show --markdown` prints today."""
+    from dart_ray.config import reference_markdown
+
+    assert (REPO / "docs" / "CONFIGURATION.md").read_text() == reference_markdown(), (
+        "regenerate: dart-ray config show --markdown > docs/CONFIGURATION.md"
+    )
+
+
+def test_every_doc_command_has_a_test() -> None:
+    cmds = doc_commands()
+    assert len(cmds) > 20
+    for _, cmd in cmds:
+        _how(cmd)
+
+
+# --------------------------------------------------------------------------- the log
+
+
+def populate(engine: Engine) -> None:
+    """A small run through the real API: appends, a claim acknowledged into checkpoint v1,
+    a claim dropped as stale, rows left available."""
+    init_schema(engine)
+    register_run(engine, RUN_ID, "docs", {"run": {"name": "docs"}})
+    log = DurableLog(engine, success_threshold=1.0)
+    items = [
+        (
+            make_trajectory(
+                f"t{i}",
+                run_id=RUN_ID,
+                task_id=f"task-{i % 3}",
+                reward=float(i % 4 == 0),
+                version=i % 2,
+            ),
+            f"/blobs/t{i}.parquet",
+        )
+        for i in range(12)
+    ]
+    items.append(
+        (make_trajectory("env", run_id=RUN_ID, status=Status.ENV_ERROR, n_steps=0), "/b/e")
+    )
+    log.append_many(items)
+    cps = CheckpointRegistry(engine)
+    trained = log.claim(RUN_ID, 4, consumer=f"curator:{RUN_ID}", lease_s=60)
+    cid = cps.create(RUN_ID, 1)
+    cps.start(cid)
+    cps.complete(cid, "/mnt/shared/runs/my-run/checkpoints/v1")
+    log.ack(trained, in_version=1)
+    stale = log.claim(RUN_ID, 2, consumer=f"curator:{RUN_ID}", lease_s=60)
+    log.drop(stale, stale.row_ids, "stale")
+
+
+def _grafana_queries() -> list[tuple[str, str]]:
+    dash = json.loads((REPO / "cluster/grafana/dart-ray-dashboard.json").read_text())
+    return [
+        ("dart-ray-dashboard.json", t["rawSql"].replace("$run_id", RUN_ID))
+        for p in dash["panels"]
+        for t in p.get("targets", [])
+        if "rawSql" in t
+    ]
+
+
+@pytest.mark.parametrize(("where", "query"), doc_queries() + _grafana_queries())
+def test_doc_sql_runs_on_a_populated_log(where: str, query: str, engine: Engine) -> None:
+    populate(engine)
+    with engine.connect() as c:
+        rows = c.execute(sa.text(query.rstrip(";"))).all()
+    if query.startswith("-- expect: no rows"):
+        assert rows == [], f"{where}: {rows}"
+    else:
+        assert rows, f"{where}: no rows from\n{query}"
+
+
+# --------------------------------------------------------------------------- commands
+
+
+@pytest.fixture
+def scratch(tmp_path: Path) -> Path:
+    """A folder laid out like the repository for the commands, with a populated log where
+    the default config puts it (runs/dart-ray.sqlite)."""
+    for name in ("configs", "fixtures", "cluster", "tests", "pyproject.toml"):
+        (tmp_path / name).symlink_to(REPO / name)
+    (tmp_path / ".venv").mkdir()
+    (tmp_path / ".venv" / "bin").symlink_to(BIN)
+    (tmp_path / "runs").mkdir()
+    engine = create_engine(f"sqlite:///{tmp_path / 'runs' / 'dart-ray.sqlite'}")
+    populate(engine)
+    engine.dispose()
+    return tmp_path
+
+
+def _run(cmd: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+        "PYTHONPATH": str(REPO),
+    }
+    return subprocess.run(
+        ["/bin/bash", "-c", cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+_COMMANDS = doc_commands()
+
+
+@pytest.mark.parametrize(
+    ("where", "cmd"),
+    [c for c in _COMMANDS if _kind(c[1]) == "run"],
+)
+def test_doc_command_runs(where: str, cmd: str, scratch: Path) -> None:
+    p = _run(cmd, scratch)
+    assert p.returncode == 0, f"{where}: {cmd}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    if cmd.endswith("dart-ray status"):
+        assert f"run {RUN_ID}" in p.stdout and "per-task success" in p.stdout
+    if "example-not-a-secret" in cmd:  # SECURITY.md: the password is masked
+        assert "example-not-a-secret" not in p.stdout and "***" in p.stdout
+
+
+@pytest.mark.parametrize(
+    ("where", "cmd"),
+    [c for c in _COMMANDS if _kind(c[1]) == "flags"],
+)
+def test_doc_command_flags_exist(where: str, cmd: str) -> None:
+    argv = shlex.split(cmd.replace("[", " ").replace("]", " ").replace("|", " "))
+    target = argv[1:3] if argv[1] == "-m" else argv[1:2]
+    p = subprocess.run(
+        [sys.executable, *target, "--help"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    for flag in (a.split("=")[0] for a in argv if a.startswith("--")):
+        assert flag in p.stdout, f"{where}: {cmd}: {flag} is not an option"
+
+
+@pytest.mark.parametrize(
+    ("where", "cmd"),
+    [c for c in _COMMANDS if _kind(c[1]) == "check"],
+)
+def test_doc_command_is_checked(where: str, cmd: str) -> None:
+    check = _how(cmd).check
+    assert check is not None
+    check(cmd)
