@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 import ray
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -34,9 +35,13 @@ def run_train(config: Config, out: Console) -> int:
             bars["trajectories"] = progress.add_task("trajectories", total=None)
             bars["train steps"] = progress.add_task("train steps", total=None)
             bars["versions"] = progress.add_task("versions", total=config.run.max_versions)
-        stats = ray.get([r.stats.remote() for r in parts.rollouters])
+        try:  # a rollouter being restarted by Ray has no stats to give this tick
+            stats = ray.get([r.stats.remote() for r in parts.rollouters], timeout=10)
+            done = sum(sum(s.logged.values()) for s in stats)
+            progress.update(bars["trajectories"], completed=done)
+        except (RayActorError, ActorUnavailableError, GetTimeoutError):
+            pass
         history = ray.get(parts.control.history.remote())
-        progress.update(bars["trajectories"], completed=sum(sum(s.logged.values()) for s in stats))
         progress.update(bars["train steps"], completed=len(history))
         progress.update(
             bars["versions"], completed=int(history[-1].get("version", 0)) if history else 0

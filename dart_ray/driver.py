@@ -165,7 +165,11 @@ def _train(
             rollouts = _supervise(parts, rollouts)
         if on_tick is not None:
             on_tick(parts)
-    ray.get([r.stop.remote() for r in parts.rollouters])
+    for r in parts.rollouters:
+        with contextlib.suppress(
+            ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError
+        ):
+            ray.get(r.stop.remote())
     for ref in rollouts:  # the episodes in flight are logged before run() returns
         with contextlib.suppress(
             ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError

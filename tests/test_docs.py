@@ -190,6 +190,9 @@ HOW: dict[str, How] = {
         "check", _covered("tests/test_readme_run.py::test_make_run_from_a_clean_clone")
     ),
     r"make test": How("check", _ci_runs_it),
+    r"dart-ray audit my-run( --live)?( --json)?": How(
+        "check", _covered("tests/test_faults.py::test_killing_each_part_in_turn_loses_nothing")
+    ),
     r"ray job submit .* -- dart-ray train .*": How("check", _entrypoint),
     r"ray (up|down|dashboard) cluster/\w+\.yaml": How("check", _validate_cluster_yaml),
     r"docker build -f cluster/Dockerfile .*": How("check", _dockerfile),

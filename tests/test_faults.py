@@ -4,7 +4,8 @@ nothing is trained twice, versions only go up.
 Each test runs `dart-ray train` as its own process against a real Ray cluster on this machine
 (`ray start --head`) and a private MariaDB server, and reaches into the cluster from here to
 SIGKILL the process of one part at a time: an EnvSession, the policy server's replica, the
-curator, a Ray Train worker, the rollouter; then it restarts MariaDB. After each fault the run
+curator, a Ray Train worker, the rollouter; then it restarts MariaDB. A MiniWoB++ run loses
+the Chromium behind one of its sessions (marker `browser` too). After each fault the run
 must publish a new version on its own. Resume: SIGTERM ends a run cleanly, SIGKILL of the
 driver loses it, `dart-ray train --resume` continues it both times. `dart-ray audit` must
 pass at the end (and, with `--live`, between faults).
@@ -12,7 +13,9 @@ pass at the end (and, with `--live`, between faults).
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 import sqlalchemy as sa
 
@@ -155,6 +159,19 @@ def _pid_of(world: World, class_prefix: str) -> int:
     raise AssertionError(f"no live actor {class_prefix!r}: {[a.class_name for a in actors]}")
 
 
+def _browser_pids(session_pid: int) -> list[int]:
+    """Chromium's processes under an EnvSession's process (chromedriver's children)."""
+    out = []
+    for p in psutil.Process(session_pid).children(recursive=True):
+        try:
+            name = p.name()
+        except psutil.NoSuchProcess:
+            continue
+        if "chrom" in name and "driver" not in name:
+            out.append(p.pid)
+    return out
+
+
 def _kill(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
 
@@ -167,7 +184,7 @@ def _audit_ok(world: World, run_id: str, *extra: str) -> str:
 
 def test_killing_each_part_in_turn_loses_nothing(world: World) -> None:
     run = "faults"
-    proc = world.train(run, "run.max_versions=9")
+    proc = world.train(run, "run.max_versions=200")  # ended by SIGTERM once the faults are done
     try:
         v = world.wait_version(run, 1, proc)
         faults = [
@@ -183,6 +200,7 @@ def test_killing_each_part_in_turn_loses_nothing(world: World) -> None:
             v = world.wait_version(run, v + 1, proc)  # the run goes on by itself
             live = world.audit(run, "--live")
             assert live.returncode == 0, f"after killing {what}:\n{live.stdout}{live.stderr}"
+        proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=600) == 0, world.log(run)
     finally:
         if proc.poll() is None:
@@ -214,3 +232,52 @@ def test_resume_after_sigterm_and_after_sigkill_of_the_driver(world: World) -> N
     assert versions == sorted(set(versions)) and versions[-1] == 6 and killed_at < 6
     out = _audit_ok(world, run)
     assert "claimed" not in out.split("rows by state")[1].split("\n")[0]  # nothing left held
+
+
+@pytest.mark.browser
+def test_killing_the_browser_behind_a_session_loses_nothing(world: World) -> None:
+    if shutil.which("chromium") is None or shutil.which("chromedriver") is None:
+        pytest.skip("needs chromium and chromedriver (scripts/install-test-deps.sh)")
+    tasks = world.tmp / "miniwob.jsonl"
+    tasks.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "task_id": f"miniwob/{sub}/{seed}",
+                    "instruction": "",
+                    "env": "miniwob",
+                    "config": {"subdomain": sub, "seed": seed},
+                }
+            )
+            + "\n"
+            for sub in ("click-test", "click-button")
+            for seed in (1, 2)
+        )
+    )
+    run = "browser"
+    proc = world.train(
+        run,
+        "run.max_versions=200",
+        "env.kind=miniwob",
+        f"env.tasks={tasks}",
+        f"env.heldout_tasks={tasks}",
+        "env.step_timeout_s=10",
+    )
+    try:
+        v = world.wait_version(run, 1, proc, timeout_s=600)
+        for _ in range(2):
+            session = _pid_of(world, "EnvSession")
+            browser = _browser_pids(session)
+            assert browser, f"no Chromium under EnvSession pid {session}"
+            for pid in browser:
+                _kill(pid)
+            v = world.wait_version(run, v + 1, proc)  # the session starts a new browser
+            assert _browser_pids(session), "the session did not start a new browser"
+            live = world.audit(run, "--live")
+            assert live.returncode == 0, live.stdout + live.stderr
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=600) == 0, world.log(run)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "BREACH" not in _audit_ok(world, run)

@@ -144,9 +144,9 @@ class OSWorldClient:
         return self.field(body, "directory_tree", "/list_directory", dict)  # type: ignore[no-any-return]
 
     def setup(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
-        # setup steps may wait for an app's window (the server waits up to 10 s): a loaded
-        # machine must not turn a slow start into a crash, so they get at least 30 s
-        r = self.request("POST", f"/setup/{endpoint}", json=body, timeout=max(self.timeout, 30.0))
+        # setup steps may wait for an app's window (our server waits up to 30 s): a loaded
+        # machine must not turn a slow start into a crash, so they get at least 60 s
+        r = self.request("POST", f"/setup/{endpoint}", json=body, timeout=max(self.timeout, 60.0))
         return dict(self.answer(r, f"/setup/{endpoint}"))
 
     def upload(self, path: str, data: bytes) -> None:

@@ -85,7 +85,10 @@ def _any(flag: bool) -> bool:
 
 
 def _next_shard(job: TrainJob, curator: Any, control: Any, step: int, rank: int) -> Any | None:
-    """This rank's shard of `step`, or None when the run stops (decided by all ranks at once)."""
+    """This rank's shard of `step`, or None when the run stops (decided by all ranks at once).
+    A stop request ends the run at the next step boundary even while data keeps coming."""
+    if _any(ray.get(control.stop_requested.remote())):
+        return None
     while True:
         res = ray.get(curator.get_shard.remote(job.session, step, rank, timeout_s=job.poll_s))
         if _any(res is not None):

@@ -11,11 +11,24 @@ from typing import Any
 from dart_ray.records import Action, ActionKind
 
 
+def _window(name: str, a11y: Callable[[], str], timeout_s: float = 20.0) -> ET.Element:
+    """The window whose name holds `name`, waiting for it as a policy would look again."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        root = ET.fromstring(a11y())
+        for w in root.iter("window"):
+            if name in w.get("name", ""):
+                return w
+        if time.monotonic() > deadline:
+            names = [w.get("name", "") for w in root.iter("window")]
+            raise AssertionError(f"no window named {name!r} in {timeout_s} s: {names}")
+        time.sleep(0.25)
+
+
 def demo_actions(demo: list[dict[str, Any]], a11y: Callable[[], str]) -> Iterator[Action]:
     for s in demo:
         if "focus" in s:
-            root = ET.fromstring(a11y())
-            w = next(w for w in root.iter("window") if s["focus"] in w.get("name", ""))
+            w = _window(s["focus"], a11y)
             x = int(w.get("x", 0)) + int(w.get("width", 0)) // 2
             y = int(w.get("y", 0)) + int(w.get("height", 0)) // 2
             yield Action(ActionKind.CLICK, point=(float(x), float(y)))

@@ -160,8 +160,9 @@ class Desktop:
             app = self.m.launch_app(argv[0], *argv[1:])
         except FileNotFoundError as e:
             raise BadRequest(str(e)) from None
-        # answer once the window is up, so the next setup step or action finds it
-        shown = self.wait_for_window(lambda w: w.pid == app.proc.pid, float(b.get("timeout", 10)))
+        # answer once the window is up, so the next setup step or action finds it; a loaded
+        # machine (CI, many sessions on one host) can take well over 10 s to map an xterm
+        shown = self.wait_for_window(lambda w: w.pid == app.proc.pid, float(b.get("timeout", 30)))
         return json_reply(
             {
                 "status": "success",
