@@ -185,6 +185,7 @@ def make_config(args: argparse.Namespace, mode: str, index: int, root: Path) -> 
         f'env.tasks="{TASKS_DIR / "train.jsonl"}"',
         f'env.heldout_tasks="{TASKS_DIR / "heldout.jsonl"}"',
         f"env.num_sessions={args.sessions}",
+        "env.num_cpus=0.01",  # the sessions sleep through their latencies: 32 fit in 2 cores
         f"rollout.in_flight={args.sessions}",
         f'policy.model_path="{REPO_ROOT / "fixtures" / "tiny-sft"}"',
         f"policy.http_port={args.port + index}",

@@ -62,6 +62,41 @@ def start_ray(config: Config) -> None:
     )
 
 
+def cpu_demand(config: Config) -> dict[str, float]:
+    """CPUs each kind of part reserves in Ray (what must fit at once for the run to start)."""
+    p, e, t = config.policy, config.env, config.train
+    replicas = p.min_replicas if p.autoscaling else p.replicas
+    return {
+        f"{e.num_sessions} env sessions x env.num_cpus {e.num_cpus:g}": e.num_sessions * e.num_cpus,
+        f"{replicas} policy replicas x policy.num_cpus {p.num_cpus:g}": replicas * p.num_cpus,
+        f"{t.num_workers} train workers x train.cpus_per_worker {t.cpus_per_worker:g}": (
+            t.num_workers * t.cpus_per_worker
+        ),
+        f"{config.rollout.rollouters} rollouters x 0.1": 0.1 * config.rollout.rollouters,
+        "the curator": 0.25,
+    }
+
+
+def check_fits(config: Config) -> None:
+    """A run whose parts cannot all be placed would wait forever for the missing CPUs. On a
+    local Ray (nothing will add nodes) that is a configuration error, said at once; on a
+    cluster the autoscaler may add them, so it is a warning."""
+    demand = cpu_demand(config)
+    need = sum(demand.values())
+    have = float(ray.cluster_resources().get("CPU", 0.0))
+    if need <= have + 1e-9:
+        return
+    parts = "; ".join(f"{k}: {v:g}" for k, v in demand.items())
+    msg = (
+        f"the run reserves {need:g} CPUs ({parts}) but the Ray cluster has {have:g}: lower "
+        "env.num_cpus (sessions that mostly wait need little), env.num_sessions or "
+        "policy.num_cpus, or give Ray more (cluster.num_cpus)"
+    )
+    if config.cluster.address is None:
+        raise ConfigError(msg)
+    log.warning("%s; waiting for the autoscaler to add nodes", msg)
+
+
 def load_suite(config: Config, split: str) -> list[Task]:
     """Training or held-out tasks (the configured JSONL file, else the env's shipped split),
     filtered by `env.families` / `env.tiers` and cut to `env.task_limit`."""
@@ -177,6 +212,8 @@ def start(config: Config) -> Parts:
     config = config.model_copy(
         update={"run": config.run.model_copy(update={"root_dir": config.run.root_dir.resolve()})}
     )
+    start_ray(config)
+    check_fits(config)
     run_id = new_run_id(config)
     run_dir = (config.run.root_dir / run_id).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -192,7 +229,6 @@ def start(config: Config) -> Parts:
         # and the episodes that were running when it stopped are logged as ABORTED
         store.log.expire_leases(run_id, now=_far_future())
         log_unfinished(store, run_id, "in flight when the run stopped; resumed")
-    start_ray(config)
     ns = config.cluster.namespace
     app = f"policy-{run_id}"
     serve.start(http_options={"host": config.policy.http_host, "port": config.policy.http_port})

@@ -1,0 +1,44 @@
+"""A run whose parts cannot all be placed on a local Ray fails at once, naming the parts."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from dart_ray import runtime
+from dart_ray.config import ConfigError, load_config
+
+
+def _config(*overrides: str):  # type: ignore[no-untyped-def]
+    return load_config(
+        None,
+        [
+            "env.num_sessions=32",
+            "env.num_cpus=0.1",
+            "policy.num_cpus=0.5",
+            "train.num_workers=1",
+            "train.cpus_per_worker=0.5",
+            *overrides,
+        ],
+    )
+
+
+def test_cpu_demand_adds_every_part() -> None:
+    demand = runtime.cpu_demand(_config())
+    assert sum(demand.values()) == pytest.approx(32 * 0.1 + 0.5 + 0.5 + 0.1 + 0.25)
+    assert "32 env sessions x env.num_cpus 0.1" in demand
+
+
+def test_too_many_sessions_for_a_local_ray_is_a_config_error(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(runtime.ray, "cluster_resources", lambda: {"CPU": 2.0})
+    with pytest.raises(ConfigError, match=r"reserves 4.55 CPUs .* has 2: lower env.num_cpus"):
+        runtime.check_fits(_config())
+    runtime.check_fits(_config("env.num_cpus=0.01"))  # 1.67 CPUs: fits
+
+
+def test_on_a_cluster_it_waits_for_the_autoscaler(monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(runtime.ray, "cluster_resources", lambda: {"CPU": 2.0})
+    with caplog.at_level(logging.WARNING, logger="dart_ray.runtime"):
+        runtime.check_fits(_config("cluster.address=auto"))
+    assert "waiting for the autoscaler" in caplog.text
