@@ -317,6 +317,37 @@ def bench_log(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- main
 
 
+def _table(out: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="load")
+    for col in ("part", "load", "done", "failed / lost / doubled", "rate", "latency p50/p90/p99"):
+        t.add_column(col)
+    if "policy" in out:
+        pol, lat = out["policy"], out["policy"]["latency_s"]
+        t.add_row(
+            "policy server",
+            f"{pol['clients']} clients, {pol['wall_s']:.0f} s, {pol['weight_updates']} versions",
+            f"{pol['requests']} requests",
+            str(pol["errors"]),
+            f"{pol['requests_per_s']:.1f} req/s",
+            f"{lat['p50']:.2f} / {lat['p90']:.2f} / {lat['p99']:.2f} s",
+        )
+    if "log" in out:
+        lg = out["log"]
+        lost = lg["rows_expected"] - lg["rows_consumed_once"]
+        t.add_row(
+            "durable log",
+            f"{lg['writers']} writers + {lg['claimers']} claimers",
+            f"{lg['rows_consumed_once']} rows consumed once",
+            f"{lost} / {lg['rows_with_several_acks']}",
+            f"{lg['rows_per_s']:.0f} rows/s",
+            "",
+        )
+    Console().print(t)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--clients", type=int, default=64)
@@ -373,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
               f"with several ACKs {lg['rows_with_several_acks']}: {'OK' if lg['ok'] else 'BREACH'}")  # fmt: skip
         ok &= bool(lg["ok"])
     out["ok"] = ok
+    _table(out)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.out}; command: {command}")
