@@ -33,7 +33,7 @@ from dart_ray.records import Task
 from dart_ray.rollout.episode import EpisodeSettings, ServePolicy
 from dart_ray.store import Store, open_store
 from dart_ray.store.episodes import log_unfinished
-from dart_ray.store.runs import register_run
+from dart_ray.store.runs import finish_run, register_run
 from dart_ray.train.checkpointing import TrainerState
 from dart_ray.train.worker import TrainJob, resume_point, train_loop_per_worker
 
@@ -212,8 +212,6 @@ def start(config: Config) -> Parts:
     config = config.model_copy(
         update={"run": config.run.model_copy(update={"root_dir": config.run.root_dir.resolve()})}
     )
-    start_ray(config)
-    check_fits(config)
     run_id = new_run_id(config)
     run_dir = (config.run.root_dir / run_id).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -229,6 +227,14 @@ def start(config: Config) -> Parts:
         # and the episodes that were running when it stopped are logged as ABORTED
         store.log.expire_leases(run_id, now=_far_future())
         log_unfinished(store, run_id, "in flight when the run stopped; resumed")
+    # Ray after every relative path is resolved: a job's driver (`ray job submit
+    # --working-dir`) can lose its working directory once it connects
+    start_ray(config)
+    try:
+        check_fits(config)
+    except ConfigError:
+        finish_run(store.engine, run_id, "FAILED")
+        raise
     ns = config.cluster.namespace
     app = f"policy-{run_id}"
     serve.start(http_options={"host": config.policy.http_host, "port": config.policy.http_port})

@@ -5,7 +5,8 @@ Each test runs `dart-ray train` as its own process against a real Ray cluster on
 (`ray start --head`) and a private MariaDB server, and reaches into the cluster from here to
 SIGKILL the process of one part at a time: an EnvSession, the policy server's replica, the
 curator, a Ray Train worker, the rollouter; then it restarts MariaDB. A MiniWoB++ run loses
-the Chromium behind one of its sessions (marker `browser` too). After each fault the run
+the Chromium behind one of its sessions (marker `browser` too), a desktop run the X
+application (marker `desktop`). After each fault the run
 must publish a new version on its own. Resume: SIGTERM ends a run cleanly, SIGKILL of the
 driver loses it, `dart-ray train --resume` continues it both times. `dart-ray audit` must
 pass at the end (and, with `--live`, between faults).
@@ -159,15 +160,17 @@ def _pid_of(world: World, class_prefix: str) -> int:
     raise AssertionError(f"no live actor {class_prefix!r}: {[a.class_name for a in actors]}")
 
 
-def _browser_pids(session_pid: int) -> list[int]:
-    """Chromium's processes under an EnvSession's process (chromedriver's children)."""
+def _env_processes(session_pid: int, kind: str) -> list[int]:
+    """The processes behind an EnvSession: Chromium's (chromedriver's children) for MiniWoB,
+    the task's X applications for the desktop."""
     out = []
     for p in psutil.Process(session_pid).children(recursive=True):
         try:
             name = p.name()
         except psutil.NoSuchProcess:
             continue
-        if "chrom" in name and "driver" not in name:
+        browser = "chrom" in name and "driver" not in name
+        if (kind == "miniwob" and browser) or (kind == "desktop" and name == "xterm"):
             out.append(p.pid)
     return out
 
@@ -234,49 +237,72 @@ def test_resume_after_sigterm_and_after_sigkill_of_the_driver(world: World) -> N
     assert "claimed" not in out.split("rows by state")[1].split("\n")[0]  # nothing left held
 
 
-@pytest.mark.browser
-def test_killing_the_browser_behind_a_session_loses_nothing(world: World) -> None:
-    if shutil.which("chromium") is None or shutil.which("chromedriver") is None:
-        pytest.skip("needs chromium and chromedriver (scripts/install-test-deps.sh)")
-    tasks = world.tmp / "miniwob.jsonl"
-    tasks.write_text(
-        "".join(
-            json.dumps(
-                {
-                    "task_id": f"miniwob/{sub}/{seed}",
-                    "instruction": "",
-                    "env": "miniwob",
-                    "config": {"subdomain": sub, "seed": seed},
-                }
-            )
-            + "\n"
+def _task_file(world: World, kind: str) -> Path:
+    if kind == "miniwob":
+        rows = [
+            {
+                "task_id": f"miniwob/{sub}/{seed}",
+                "instruction": "",
+                "env": "miniwob",
+                "config": {"subdomain": sub, "seed": seed},
+            }
             for sub in ("click-test", "click-button")
             for seed in (1, 2)
-        )
-    )
-    run = "browser"
+        ]
+    else:  # the desktop's tasks that start a terminal (xterm) on reset
+        from dart_ray.envs.desktop.suite import load_desktop_tasks
+
+        rows = [
+            {"task_id": t.task_id, "instruction": t.instruction, "env": t.env, "config": t.config}
+            for t in load_desktop_tasks()
+            if t.task_id.startswith("term-")
+        ]
+    path = world.tmp / f"{kind}.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("kind", "needs"),
+    [
+        pytest.param("miniwob", ("chromium", "chromedriver"), marks=pytest.mark.browser),
+        pytest.param("desktop", ("Xvfb", "xterm", "openbox"), marks=pytest.mark.desktop),
+    ],
+)
+def test_killing_the_process_behind_a_session_loses_nothing(
+    world: World, kind: str, needs: tuple[str, ...]
+) -> None:
+    """The browser behind a MiniWoB++ session, the X application behind a desktop session:
+    SIGKILLed twice while the run goes; the episode is ABORTED and retried, the session starts
+    it again on its next reset, the run publishes new versions, the audit passes."""
+    if missing := [b for b in needs if shutil.which(b) is None]:
+        pytest.skip(f"needs {', '.join(missing)} (scripts/install-test-deps.sh)")
+    tasks = _task_file(world, kind)
+    run = f"{kind}-process"
     proc = world.train(
         run,
-        "run.max_versions=200",
-        "env.kind=miniwob",
-        "env.families=[]",  # the default config's filters are MiniDesk's
-        "env.tiers=[]",
+        "run.max_versions=200",  # ended by SIGTERM once the faults are done
+        f"env.kind={kind}",
         f"env.tasks={tasks}",
         f"env.heldout_tasks={tasks}",
-        "env.step_timeout_s=10",
+        "env.families=[]",  # the default config's filters are MiniDesk's
+        "env.tiers=[]",
+        "env.step_timeout_s=20",
     )
     try:
         v = world.wait_version(run, 1, proc, timeout_s=600)
         for _ in range(2):
             session = _pid_of(world, "EnvSession")
-            browser = _browser_pids(session)
-            assert browser, f"no Chromium under EnvSession pid {session}"
-            for pid in browser:
+            deadline = time.monotonic() + 120
+            while not (victims := _env_processes(session, kind)):
+                assert time.monotonic() < deadline, f"no {kind} process under pid {session}"
+                time.sleep(0.5)
+            for pid in victims:
                 _kill(pid)
             v = world.wait_version(run, v + 1, proc)  # the run goes on by itself
-            deadline = time.monotonic() + 120  # and the session starts a new browser
-            while not set(_browser_pids(session)) - set(browser):
-                assert time.monotonic() < deadline, "the session did not start a new browser"
+            deadline = time.monotonic() + 120  # and the session starts the process again
+            while not set(_env_processes(session, kind)) - set(victims):
+                assert time.monotonic() < deadline, f"the session did not start {kind} again"
                 time.sleep(1)
             live = world.audit(run, "--live")
             assert live.returncode == 0, live.stdout + live.stderr
