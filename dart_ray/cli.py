@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dart_ray.config import Config, ConfigError, field_docs, load_config, reference_markdown
+from dart_ray.envs.base import EnvInputError
 from dart_ray.masking import install_log_masking
 from dart_ray.store import StoreError, open_store
 from dart_ray.store.db import RowState
@@ -246,6 +247,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, StoreError) as e:
         print(f"dart-ray {args.command}: {e}", file=sys.stderr)  # plain: never wrapped
         return 2
+    except Exception as e:
+        # a part that rejects the configuration raises inside a Ray actor: say it in one line
+        cause = getattr(e, "cause", None)
+        if isinstance(cause, (ConfigError, EnvInputError)):
+            print(f"dart-ray {args.command}: {cause}", file=sys.stderr)
+            return 2
+        raise
 
 
 if __name__ == "__main__":

@@ -135,6 +135,8 @@ def train(config: Config, on_tick: Callable[[runtime.Parts], None] | None = None
             report = _train(parts, on_tick, stop)
     except BaseException:
         finish_run(parts.store.engine, parts.run_id, "FAILED")
+        with contextlib.suppress(Exception):  # the Serve app outlives a failed driver
+            runtime.stop(parts)
         raise
     finish_run(parts.store.engine, parts.run_id, "STOPPED" if stop else "FINISHED")
     return report

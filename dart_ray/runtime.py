@@ -150,6 +150,7 @@ class Parts:
     app: str = ""
     grower: Any = None
     """The EnvPoolGrower when `env.max_sessions` is set (the pool grows with the resource)."""
+    stopped: bool = False
 
     def names(self, part: str) -> str:
         return f"{part}:{self.run_id}"
@@ -309,7 +310,10 @@ def _far_future() -> Any:
 
 
 def stop(parts: Parts) -> None:
-    """Release what the curator holds, stop every part, keep the log and the files."""
+    """Release what the curator holds, stop every part, keep the log and the files (once)."""
+    if parts.stopped:
+        return
+    parts.stopped = True
     try:
         ray.get(parts.curator.shutdown.remote(), timeout=60)
     except (ray.exceptions.RayError, TimeoutError) as e:

@@ -122,3 +122,24 @@ def test_model_init_writes_a_loadable_model(tmp_path, capsys) -> None:  # type: 
     assert "already holds a model" in capsys.readouterr().err
     assert main(["model", "init", "--out", str(out), "--force", "--hidden-size", "50"]) == 2
     assert "even heads" in capsys.readouterr().err
+
+
+def test_a_part_rejecting_the_config_inside_ray_is_one_line(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """A session that cannot be built (here: a desktop too small) fails inside a Ray actor;
+    the command says why in one line, exit 2, no traceback."""
+    import dart_ray.cli_train as cli_train
+    from dart_ray.cli import main
+    from dart_ray.envs.base import EnvInputError
+
+    class RayTaskError(Exception):  # the shape of ray.exceptions.RayTaskError
+        def __init__(self, cause: BaseException) -> None:
+            super().__init__(f"ray::Rollouter.run() ... {cause}")
+            self.cause = cause
+
+    def fail(config, out):  # type: ignore[no-untyped-def]
+        raise RayTaskError(EnvInputError("a desktop needs at least 640x480 pixels"))
+
+    monkeypatch.setattr(cli_train, "run_train", fail)
+    assert main(["train", "env.kind=desktop"]) == 2
+    err = capsys.readouterr().err
+    assert err == "dart-ray train: a desktop needs at least 640x480 pixels\n"

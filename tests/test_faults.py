@@ -288,6 +288,7 @@ def test_killing_the_process_behind_a_session_loses_nothing(
         "env.families=[]",  # the default config's filters are MiniDesk's
         "env.tiers=[]",
         "env.step_timeout_s=20",
+        *(["env.screen_width=640", "env.screen_height=480"] if kind == "desktop" else []),
     )
     try:
         v = world.wait_version(run, 1, proc, timeout_s=600)
