@@ -27,7 +27,14 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from dart_ray.records import Status
-from dart_ray.store.db import RowState, checkpoint, dataset_usage_events, episode_start, rollout_run
+from dart_ray.store.db import (
+    RowState,
+    checkpoint,
+    dataset_usage_events,
+    episode_start,
+    rollout_run,
+    snapshot,
+)
 
 STATUSES = {s.value for s in Status}
 
@@ -65,7 +72,7 @@ def _ids(xs: list[object], limit: int = 10) -> str:
 def audit(engine: Engine, run_id: str, *, live: bool = False) -> AuditReport:
     r = AuditReport(run_id)
     es, rr, ev, cp = episode_start.c, rollout_run.c, dataset_usage_events.c, checkpoint.c
-    with engine.connect() as c:
+    with snapshot(engine) as c:  # one moment of a live run, not one per query
         r.episodes_started = int(
             c.scalar(sa.select(sa.func.count()).where(es.run_id == run_id)) or 0
         )

@@ -10,10 +10,11 @@ writer at a time, which is how the embedded default serialises claims.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import ClassVar, TypeVar
 
@@ -354,6 +355,19 @@ def _sqlite_setup(engine: Engine) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(conn) -> None:  # type: ignore[no-untyped-def]
         conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+@contextlib.contextmanager
+def snapshot(engine: Engine) -> Iterator[sa.Connection]:
+    """A connection whose reads all see one state of the database. MySQL/MariaDB run at READ
+    COMMITTED, where each statement sees its own moment: a reader that joins several queries
+    over a live run (the audit) would see a row acknowledged in one and still claimed in
+    another. Here the transaction runs at REPEATABLE READ, one snapshot from the first read.
+    SQLite needs nothing: its transaction (BEGIN IMMEDIATE) already excludes writers."""
+    with engine.connect() as c:
+        if engine.dialect.name in ("mysql", "mariadb"):
+            c = c.execution_options(isolation_level="REPEATABLE READ")
+        yield c
 
 
 def check_connection(engine: Engine, attempts: int = 2, backoff_s: float = 0.25) -> None:

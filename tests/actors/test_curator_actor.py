@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import signal
 from collections import Counter
 from pathlib import Path
 
+import psutil
 import pyarrow as pa
 import pytest
 import ray
@@ -75,6 +77,17 @@ def test_a_new_trainer_session_gets_the_old_sessions_unacked_rows(tmp_path: Path
     store.dispose()
 
 
+def _kill_and_wait(actor: object) -> None:
+    """SIGKILL the actor's process and wait until it is gone: `ray.kill` is asynchronous, and
+    a call made right after it could still be answered by the old process."""
+    import os
+
+    pid = ray.get(actor.__ray_call__.remote(lambda _self: os.getpid()))  # type: ignore[attr-defined]
+    proc = psutil.Process(pid)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
 def test_killed_curator_restarts_and_nothing_is_handed_out_twice(tmp_path: Path) -> None:
     cfg, store = setup(tmp_path, "curation.groups_per_step=1", "curation.lease_s=1")
     write_group(store.log, store.blobs, "a", 0, [1.0, 0.0, 0.0, 0.0])
@@ -82,7 +95,7 @@ def test_killed_curator_restarts_and_nothing_is_handed_out_twice(tmp_path: Path)
     write_group(store.log, store.blobs, "b", 0, [1.0, 0.0, 0.0, 0.0])
     shard, first = ray.get(cur.get_shard.remote(1, 0, 0, timeout_s=60))
     assert shard.num_rows == 8
-    ray.kill(cur, no_restart=False)  # the actor restarts (max_restarts=-1) with empty state
+    _kill_and_wait(cur)  # the actor restarts (max_restarts=-1) with empty state
     # Step 0 is still being trained; the trainer acks it straight into the log, which works
     # although the curator that handed it out is gone.
     for claim in first.claims:
