@@ -99,7 +99,11 @@ class _BufferMetrics:
             self.dropped.set(k, tags={"reason": reason})
 
 
-@ray.remote(num_cpus=0.25, max_restarts=-1, max_task_retries=-1)
+NUM_CPUS = 0.25
+"""CPUs the curator reserves."""
+
+
+@ray.remote(num_cpus=NUM_CPUS, max_restarts=-1, max_task_retries=-1)
 class Curator:
     def __init__(
         self, config: Config, run_id: str, num_ranks: int, poll_interval_s: float = 0.5

@@ -89,7 +89,11 @@ class _Metrics:
             m.set_default_tags(tags)
 
 
-@ray.remote(num_cpus=0.1, max_restarts=-1)
+NUM_CPUS = 0.1
+"""CPUs a rollouter reserves (it mostly awaits sessions and the policy)."""
+
+
+@ray.remote(num_cpus=NUM_CPUS, max_restarts=-1)
 class Rollouter:
     def __init__(
         self,

@@ -27,6 +27,9 @@ from dart_ray.train.worker import resume_point
 
 log = logging.getLogger(__name__)
 
+_GONE = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
+"""An actor that died or is being restarted by Ray."""
+
 
 def _fit_in_background(parts: runtime.Parts, errors: list[BaseException]) -> threading.Thread:
     """Ray Train in a thread. A trainer that fails (a worker died) starts again from the
@@ -67,7 +70,7 @@ def _supervise(parts: runtime.Parts, rollouts: list[ray.ObjectRef]) -> list[ray.
             continue
         try:
             ray.get(ref)
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
+        except _GONE as e:
             log.warning("rollouter %d stopped (%s); starting it again", i, type(e).__name__)
             out[i] = parts.rollouters[i].run.remote()
     return out
@@ -82,7 +85,7 @@ def _run_groups(parts: runtime.Parts, groups: int) -> None:
             try:
                 ray.get(ref)
                 del pending[i]
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
+            except _GONE as e:
                 log.warning("rollouter %d stopped (%s); asking it again", i, type(e).__name__)
                 pending[i] = parts.rollouters[i].run.remote(max_groups=groups)
 
@@ -168,14 +171,10 @@ def _train(
         if on_tick is not None:
             on_tick(parts)
     for r in parts.rollouters:
-        with contextlib.suppress(
-            ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError
-        ):
+        with contextlib.suppress(*_GONE):
             ray.get(r.stop.remote())
     for ref in rollouts:  # the episodes in flight are logged before run() returns
-        with contextlib.suppress(
-            ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError
-        ):
+        with contextlib.suppress(*_GONE):
             ray.get(ref)
     # every rollouter has stopped: an episode still without a trajectory was lost with a
     # rollouter that died at the end

@@ -22,9 +22,11 @@ from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from actors.control import RunControl
+from actors.curator import NUM_CPUS as CURATOR_CPUS
 from actors.curator import Curator
 from actors.env_pool import start_grower
 from actors.env_session import start_sessions
+from actors.rollouter import NUM_CPUS as ROLLOUTER_CPUS
 from actors.rollouter import Rollouter
 from dart_ray.config import Config, ConfigError
 from dart_ray.engines.base import SamplingParams
@@ -72,8 +74,10 @@ def cpu_demand(config: Config) -> dict[str, float]:
         f"{t.num_workers} train workers x train.cpus_per_worker {t.cpus_per_worker:g}": (
             t.num_workers * t.cpus_per_worker
         ),
-        f"{config.rollout.rollouters} rollouters x 0.1": 0.1 * config.rollout.rollouters,
-        "the curator": 0.25,
+        f"{config.rollout.rollouters} rollouters x {ROLLOUTER_CPUS:g}": (
+            ROLLOUTER_CPUS * config.rollout.rollouters
+        ),
+        "the curator": CURATOR_CPUS,
     }
 
 
