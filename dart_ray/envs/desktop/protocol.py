@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from email.parser import BytesParser
 from email.policy import HTTP
 from pathlib import Path
@@ -94,11 +95,16 @@ class Desktop:
             "returncode": r.returncode,
         }
 
-    def wait_for_window(self, pred: Any, timeout: float = 10.0) -> bool:
+    def wait_for_window(
+        self, pred: Any, timeout: float = 10.0, gone: Callable[[], bool] = lambda: False
+    ) -> bool:
+        """True once a window matches `pred`; False after `timeout` s or once `gone()`."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if any(pred(w) for w in self.x.windows()):
                 return True
+            if gone():
+                return False
             time.sleep(0.05)
         return False
 
@@ -156,13 +162,30 @@ class Desktop:
     def launch(self, b: dict[str, Any]) -> Reply:
         argv = self._argv(b.get("command"), False)
         assert isinstance(argv, list)
-        try:
-            app = self.m.launch_app(argv[0], *argv[1:])
-        except FileNotFoundError as e:
-            raise BadRequest(str(e)) from None
         # answer once the window is up, so the next setup step or action finds it; a loaded
-        # machine (CI, many sessions on one host) can take well over 10 s to map an xterm
-        shown = self.wait_for_window(lambda w: w.pid == app.proc.pid, float(b.get("timeout", 30)))
+        # machine (CI, many sessions on one host) can take well over 10 s to map an xterm.
+        # A program that exits before showing a window (seen: an xterm on a loaded CI host) is
+        # started again, up to three tries in all.
+        deadline = time.monotonic() + float(b.get("timeout", 30))
+        for _ in range(3):
+            try:
+                app = self.m.launch_app(argv[0], *argv[1:])
+            except FileNotFoundError as e:
+                raise BadRequest(str(e)) from None
+            shown = self.wait_for_window(
+                lambda w, p=app.proc: w.pid == p.pid,
+                deadline - time.monotonic(),
+                gone=lambda p=app.proc: p.poll() is not None,
+            )
+            if shown or app.proc.poll() is None:
+                break
+            self.m.apps.remove(app)  # died starting: not a crash of a running app
+        if not shown:
+            code = app.proc.poll()
+            why = "is still starting" if code is None else f"exited with status {code}"
+            return json_reply(
+                {"status": "error", "message": f"{app.name} showed no window: it {why}"}, 500
+            )
         return json_reply(
             {
                 "status": "success",
