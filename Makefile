@@ -12,7 +12,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 TORCH_SPEC ?= torch==2.13.0
-PYTEST_ARGS ?= -m "not gpu"
+# `learning` (the 25-minute RL run of docs/LEARNING.md) does not fit CI's hour with the rest:
+# `make test-learning` runs it.
+PYTEST_ARGS ?= -m "not gpu and not learning"
 ARGS ?=
 # The vLLM engine and its tests run in a second venv (scripts/setup-vllm-venv.sh says why).
 # TEST_VLLM=0 skips that tier. Only the folders holding `vllm` tests are collected there, so a
@@ -21,7 +23,7 @@ VLLM_VENV ?= .venv-vllm
 TEST_VLLM ?= 1
 VLLM_PYTEST_ARGS ?= -m vllm tests/engines tests/serve_apps
 
-.PHONY: run test test-vllm vllm-venv lint install clean
+.PHONY: run test test-learning test-vllm vllm-venv lint install clean
 
 install: $(STAMP)
 
@@ -44,6 +46,9 @@ test: $(STAMP) lint
 	bash scripts/start-mariadb.sh
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 	if [ "$(TEST_VLLM)" = 1 ]; then $(MAKE) test-vllm; fi
+
+test-learning: $(STAMP)
+	$(VENV)/bin/pytest -m learning -s tests/test_learning.py
 
 vllm-venv:
 	bash scripts/setup-vllm-venv.sh $(VLLM_VENV)

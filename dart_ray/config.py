@@ -87,9 +87,14 @@ class MiniDeskOptions(_Section):
     wallpaper: Literal["plain", "position"] = "plain"
     """`position`: a wallpaper whose red channel rises with x and green with y, shown through
     the window body, so a tiny model can learn to ground clicks from pixels alone."""
-    placement: Literal["task", "flow", "scatter"] = "task"
-    """Widget placement: `flow` (rows, top to bottom), `scatter` (seeded random positions) or
-    `task` (what each task file says)."""
+    button_colours: bool = False
+    """Give each button a face colour fixed by its label (an icon, in effect), so a tiny model
+    can tell buttons apart without reading their text; the label is still drawn on it."""
+    placement: Literal["task", "flow", "scatter", "grid"] = "task"
+    """Widget placement: `flow` (rows, top to bottom), `scatter` (seeded random positions),
+    `grid` (seeded, each widget centred on a 28 px cell: Qwen2.5-VL's merged patch on an
+    unscaled screen, so click targets are one per image token) or `task` (what each task file
+    says)."""
     encode_png: bool = False
     """Encode every screenshot to PNG inside step(). Off: encode lazily on first read."""
 

@@ -38,11 +38,6 @@ class Demo:
     images: list[bytes]
 
 
-def thought_for(kind: ActionKind) -> str:
-    """A short Thought; the action carries the grounding."""
-    return {ActionKind.FINISHED: "The task is done."}.get(kind, f"Next I {kind.value}.")
-
-
 def demonstrations(
     tasks: Sequence[Task],
     processor: PolicyProcessor,
@@ -54,7 +49,7 @@ def demonstrations(
 ) -> Iterator[Demo]:
     """(prompt, oracle response) pairs from oracle episodes on MiniDesk tasks."""
     from dart_ray.envs.minidesk.env import MiniDeskEnv
-    from dart_ray.envs.minidesk.oracle import oracle_action
+    from dart_ray.envs.minidesk.oracle import oracle_action, thought
 
     env = MiniDeskEnv(env_config)
     coords = CoordinateMap.for_screen(
@@ -69,7 +64,7 @@ def demonstrations(
         turns = [Turn(obs.screenshot)]
         for _ in range(max_steps):
             action = oracle_action(env)
-            text = format_response(thought_for(action.kind), action, coords, box_tokens=False)
+            text = format_response(thought(env.scene, action), action, coords, box_tokens=False)
             messages = build_messages(task.instruction, turns, history_images, history_turns)
             enc = processor.encode(messages)
             response = processor.tokenizer(text + eos, add_special_tokens=False)["input_ids"]
@@ -151,7 +146,7 @@ def sft(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        loss_v = float(loss)
+        loss_v = float(loss.detach())
         if step % 50 == 0:
             log.info("sft step %d loss %.3f", step, loss_v)
     tmp = out.with_name(out.name + ".tmp")

@@ -171,12 +171,19 @@ class How:
     check: Callable[[str], None] | None = None
 
 
+def _cli_parses(cmd: str) -> None:
+    """A dart-ray command that runs for minutes: the CLI's own parser must accept it as written,
+    and the config it names must load."""
+    args = build_parser().parse_args(shlex.split(cmd)[1:])
+    load_config(REPO / args.config)
+
+
 HOW: dict[str, How] = {
     # run as written
     r"dart-ray config show( --docs)?( --config configs/[\w.-]+\.toml)?": How("run"),
     r"(\.venv/bin/)?dart-ray status": How("run"),
     r"dart-ray config show '[^']*' \| grep \w+": How("run"),
-    r"dart-ray model init --out models/tiny( --seed \d+ --min-pixels \d+ --max-pixels \d+)?": How(
+    r"dart-ray model init --out models/tiny( --seed \d+)?( --min-pixels \d+)?( --max-pixels \d+)?": How(
         "run"
     ),
     r"pytest -m gpu tests/test_gpu_recipe\.py": How("run"),
@@ -190,6 +197,10 @@ HOW: dict[str, How] = {
         "check", _covered("tests/test_readme_run.py::test_make_run_from_a_clean_clone")
     ),
     r"make test": How("check", _ci_runs_it),
+    r"dart-ray (sft|eval|train) -c configs/learning\.toml .*": How("check", _cli_parses),
+    r"make test-learning": How(
+        "check", _covered("tests/test_learning.py::test_rl_lifts_heldout_success_by_15_points")
+    ),
     r"dart-ray audit my-run( --live)?( --json)?": How(
         "check", _covered("tests/test_faults.py::test_killing_each_part_in_turn_loses_nothing")
     ),

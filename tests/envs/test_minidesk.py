@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import pickle
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -232,3 +233,76 @@ def test_generator_reproduces_the_shipped_files(tmp_path) -> None:  # type: igno
         assert (tmp_path / f"{split}.jsonl").read_bytes() == (
             TASKS_DIR / f"{split}.jsonl"
         ).read_bytes()
+
+
+def test_oracle_thought_names_the_element_it_acts_on() -> None:
+    from dart_ray.envs.minidesk.oracle import thought
+
+    env = MiniDeskEnv()
+    for task in ALL_TASKS[::5]:
+        env.reset(task)
+        for _ in range(20):
+            if env.done:
+                break
+            a = oracle_action(env)
+            words = thought(env.scene, a)
+            if a.point is not None:  # every oracle click lands on something it can name
+                assert "'" in words and not words.endswith("there."), (task.task_id, words)
+            env.step(a)
+    env.reset(make_task("click-button", 2, 7))
+    label = env.task.instruction.split("'")[1]  # type: ignore[union-attr]
+    assert thought(env.scene, oracle_action(env)) == f"I click the '{label}' button."
+
+
+def test_button_colours_follow_the_label_not_the_screen() -> None:
+    from dart_ray.envs.minidesk.render import FACE, button_face
+    from dart_ray.envs.minidesk.vocab import BUTTONS
+
+    assert len({button_face(b) for b in BUTTONS}) == len(BUTTONS)
+
+    def face_of(env: MiniDeskEnv, label: str, obs: Observation) -> tuple[int, ...]:
+        w = next(w for w in env.scene.widgets.values() if w.label == label)
+        img = np.asarray(Image.open(io.BytesIO(obs.screenshot)).convert("RGB"))
+        return tuple(int(c) for c in img[w.rect.y + 2, w.rect.x + 2])
+
+    coloured, plain = MiniDeskEnv(_cfg(button_colours=True)), MiniDeskEnv(_cfg())
+    seen: dict[str, set[tuple[int, ...]]] = {}
+    for seed in range(6):
+        task = make_task("click-button", 2, seed)
+        obs, plain_obs = coloured.reset(task), plain.reset(task)
+        for w in coloured.scene.widgets.values():
+            seen.setdefault(w.label, set()).add(face_of(coloured, w.label, obs))
+            assert face_of(plain, w.label, plain_obs) == FACE
+    assert all(faces == {button_face(label)} for label, faces in seen.items())
+
+
+def test_generate_writes_a_suite_of_chosen_families_and_tiers(tmp_path: Path) -> None:
+    args = ["--families", "click-button", "--tiers", "2", "--train-per-cell", "3"]
+    main(["--out", str(tmp_path), *args, "--heldout-per-cell", "2"])
+    train = load_tasks(tmp_path / "train.jsonl")
+    held = load_tasks(tmp_path / "heldout.jsonl", "heldout")
+    assert (len(train), len(held)) == (3, 2)
+    assert {(t.config["family"], t.config["tier"]) for t in train + held} == {("click-button", 2)}
+
+
+def test_the_learning_suite_holds_out_its_seeds() -> None:
+    root = Path(__file__).resolve().parents[2] / "fixtures" / "click-grounding"
+    train = load_tasks(root / "train.jsonl")
+    held = load_tasks(root / "heldout.jsonl", "heldout")
+    assert (len(train), len(held)) == (1000, 300)
+    assert not {t.config["seed"] for t in train} & {t.config["seed"] for t in held}
+    assert {len(t.config["widgets"]) for t in held} == {4}  # the named button among four
+
+
+def test_grid_placement_centres_every_widget_on_a_28px_cell() -> None:
+    cfg = EnvConfig(screen_width=168, screen_height=112, minidesk=MiniDeskOptions(placement="grid"))
+    env, centres = MiniDeskEnv(cfg), set()
+    for seed in range(40):
+        task = make_task("click-button", 2, seed)
+        env.reset(task)
+        for w in env.scene.widgets.values():
+            cx, cy = w.rect.center
+            assert (int(cx) % 28, int(cy) % 28) == (14, 14), (task.task_id, w.rect)
+            centres.add((int(cx), int(cy)))
+        assert solve(task, cfg) == (1.0, 1)
+    assert len(centres) >= 6  # seeded cells, not one fixed layout

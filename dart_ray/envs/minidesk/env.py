@@ -111,7 +111,7 @@ class MiniDeskEnv(Env):
     def _observe(self, redraw: bool) -> Observation:
         if redraw or self._frame is None:
             assert self._base is not None
-            self._frame = render(self.scene, self._base)
+            self._frame = render(self.scene, self._base, self.options.button_colours)
             obs: Observation = FrameObservation(self._frame)
             if self.options.encode_png:
                 obs = obs.materialize()  # type: ignore[attr-defined]

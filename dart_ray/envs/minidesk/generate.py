@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from dart_ray.config import EnvConfig, MiniDeskOptions
@@ -45,10 +45,17 @@ def make_task(family: str, tier: int, seed: int, split: str = "train") -> Task:
     return Task(f"minidesk/{family}/t{tier}/{seed}", instruction, "minidesk", spec, split)
 
 
-def iter_tasks(per_cell: int, split: str) -> Iterator[Task]:
+def iter_tasks(
+    per_cell: int,
+    split: str,
+    families: Sequence[str] = tuple(FAMILIES),
+    tiers: Sequence[int] = TIERS,
+) -> Iterator[Task]:
     seeds = TRAIN_SEEDS if split == "train" else HELDOUT_SEEDS
-    for family in FAMILIES:
-        for tier in TIERS:
+    if per_cell > len(seeds):
+        raise ValueError(f"at most {len(seeds)} tasks per family and tier, got {per_cell}")
+    for family in families:
+        for tier in tiers:
             for seed in seeds[:per_cell]:
                 yield make_task(family, tier, seed, split)
 
@@ -88,11 +95,17 @@ def load_tasks(path: str | Path | None = None, split: str = "train") -> list[Tas
     return read_task_file(path if path is not None else TASKS_DIR / f"{split}.jsonl", split)
 
 
-def write_split(out: Path, split: str, per_cell: int) -> int:
+def write_split(
+    out: Path,
+    split: str,
+    per_cell: int,
+    families: Sequence[str] = tuple(FAMILIES),
+    tiers: Sequence[int] = TIERS,
+) -> int:
     out.mkdir(parents=True, exist_ok=True)
     n = 0
     with (out / f"{split}.jsonl").open("w") as f:
-        for t in iter_tasks(per_cell, split):
+        for t in iter_tasks(per_cell, split, families, tiers):
             for placement in ("flow", "scatter"):
                 cfg = EnvConfig(minidesk=MiniDeskOptions(placement=placement))
                 reward, _ = solve(t, cfg)
@@ -108,9 +121,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=TASKS_DIR)
     ap.add_argument("--train-per-cell", type=int, default=20, help="tasks per family and tier")
     ap.add_argument("--heldout-per-cell", type=int, default=6, help="tasks per family and tier")
+    ap.add_argument("--families", nargs="+", default=list(FAMILIES), choices=sorted(FAMILIES))
+    ap.add_argument("--tiers", nargs="+", type=int, default=list(TIERS), choices=TIERS)
     a = ap.parse_args(argv)
-    n_train = write_split(a.out, "train", a.train_per_cell)
-    n_held = write_split(a.out, "heldout", a.heldout_per_cell)
+    n_train = write_split(a.out, "train", a.train_per_cell, a.families, a.tiers)
+    n_held = write_split(a.out, "heldout", a.heldout_per_cell, a.families, a.tiers)
     print(f"wrote {n_train} train and {n_held} held-out tasks to {a.out}")
 
 

@@ -113,3 +113,69 @@ def _edit(s: Scene, w: Widget, want: str) -> Action:
 
 def _int(p: tuple[float, float]) -> tuple[float, float]:
     return (float(int(p[0])), float(int(p[1])))
+
+
+def element_at(s: Scene, p: tuple[float, float]) -> str:
+    """What a click at `p` lands on, in words ("the 'Save' button"), or "" for nothing.
+
+    Overlays first (a dialog, an open drop-down or menu covers what lies beneath), then the
+    menu bar and tabs, then the widgets of the visible page."""
+    x, y = p
+    if s.dialog_of is not None:
+        spec = s.widgets[s.dialog_of].dialog or {}
+        ok, cancel = s.dialog_buttons()
+        for r, text in ((ok, spec.get("ok", "OK")), (cancel, spec.get("cancel", "Cancel"))):
+            if r.contains(x, y):
+                return f"the '{text}' button"
+        return ""
+    if s.open_dropdown is not None:
+        w = s.widgets[s.open_dropdown]
+        for opt, r in zip(w.options, s.dropdown_rows(w), strict=True):
+            if r.contains(x, y):
+                return f"the '{opt}' option"
+    if s.open_menu is not None:
+        for item, r in zip(s.menus[s.open_menu], s.menu_rows(s.open_menu), strict=True):
+            if r.contains(x, y):
+                return f"the '{item}' menu item"
+    for name, r in s.menu_rects.items():
+        if r.contains(x, y):
+            return f"the '{name}' menu"
+    for name, r in s.tab_rects.items():
+        if r.contains(x, y):
+            return f"the '{name}' tab"
+    for w in s.widgets.values():
+        if not s.on_page(w):
+            continue
+        label = w.label.rstrip(":")
+        if w.kind == "radio":
+            for opt, r in zip(w.options, w.parts, strict=True):
+                if r.contains(x, y):
+                    return f"the '{opt}' option of {label}"
+        elif w.kind == "list":
+            items = w.visible_items(s)
+            for i in range(w.offset, min(len(items), w.offset + w.rows)):
+                if w.row_rect(i).contains(x, y):
+                    return f"'{items[i]}' in the {label} list"
+            if w.list_box().contains(x, y):
+                return f"the {label} list"
+        elif w.rect.contains(x, y):
+            kind = {"textfield": "field", "dropdown": "drop-down"}.get(w.kind, w.kind)
+            return f"the '{label}' {kind}"
+    return ""
+
+
+def thought(s: Scene, a: Action) -> str:
+    """The Thought a careful agent writes before `a`: it names the element it acts on, as the
+    policy prompt asks, so that the words of the instruction reach the action's coordinates."""
+    target = element_at(s, a.point) if a.point is not None else ""
+    k = a.kind
+    if k == ActionKind.FINISHED:
+        return "The task is done."
+    if k == ActionKind.TYPE:
+        return f"I type '{a.text}'."
+    if k == ActionKind.HOTKEY:
+        return f"I press {a.text}."
+    if k == ActionKind.SCROLL:
+        return f"I scroll {target or 'the page'} {a.direction}."
+    verb = {ActionKind.LEFT_DOUBLE: "double-click", ActionKind.RIGHT_SINGLE: "right-click"}
+    return f"I {verb.get(k, k.value)} {target or 'there'}."

@@ -11,6 +11,8 @@ to read positions from pixels, a warm-up for learning to ground clicks.
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
@@ -23,6 +25,7 @@ from dart_ray.envs.minidesk.scene import (
     Widget,
     text_w,
 )
+from dart_ray.envs.minidesk.vocab import BUTTONS
 
 FONT = ImageFont.load_default_imagefont()
 DESKTOP = (58, 110, 165)
@@ -64,7 +67,39 @@ def background(scene: Scene, wallpaper: str) -> Image.Image:
 PAD_TITLE = 6
 
 
-def render(scene: Scene, base: Image.Image) -> Image.Image:
+def button_face(label: str) -> tuple[int, int, int]:
+    """A colour for a button's face, fixed by its label (the same label, the same colour, on
+    every screen), like an application's icon: one of 18 well-separated colours, light enough
+    for the black text to stay legible; each of MiniDesk's 18 button labels has its own, any
+    other label takes one by a stable hash."""
+    if label in BUTTONS:
+        return FACES[BUTTONS.index(label) % len(FACES)]
+    return FACES[zlib.crc32(label.encode()) % len(FACES)]
+
+
+FACES = [
+    (250, 120, 120),
+    (120, 220, 120),
+    (250, 230, 90),
+    (110, 170, 250),
+    (250, 170, 80),
+    (200, 130, 240),
+    (100, 230, 230),
+    (250, 130, 230),
+    (200, 240, 90),
+    (250, 200, 210),
+    (60, 190, 170),
+    (220, 200, 255),
+    (210, 160, 100),
+    (255, 250, 200),
+    (200, 90, 90),
+    (170, 255, 200),
+    (170, 170, 60),
+    (140, 140, 230),
+]
+
+
+def render(scene: Scene, base: Image.Image, button_colours: bool = False) -> Image.Image:
     img = base.copy()
     d = ImageDraw.Draw(img)
     for name, r in scene.menu_rects.items():
@@ -77,7 +112,7 @@ def render(scene: Scene, base: Image.Image) -> Image.Image:
         d.text((r.x + 6, r.y + 2), name, font=FONT, fill=BLACK)
     for w in scene.widgets.values():
         if scene.on_page(w):
-            _widget(d, scene, w)
+            _widget(d, scene, w, button_colours)
     if scene.open_dropdown is not None:
         w = scene.widgets[scene.open_dropdown]
         for opt, r in zip(w.options, scene.dropdown_rows(w), strict=True):
@@ -103,17 +138,17 @@ def _box(
     d.rectangle((r.x, r.y, r.x + r.w - 1, r.y + r.h - 1), fill=fill, outline=outline)
 
 
-def _button(d: ImageDraw.ImageDraw, r: Rect, label: str) -> None:
-    _box(d, r, fill=FACE, outline=BLACK)
+def _button(d: ImageDraw.ImageDraw, r: Rect, label: str, coloured: bool = False) -> None:
+    _box(d, r, fill=button_face(label) if coloured else FACE, outline=BLACK)
     d.text(
         (r.x + (r.w - text_w(label)) // 2, r.y + (r.h - CHAR_H) // 2), label, font=FONT, fill=BLACK
     )
 
 
-def _widget(d: ImageDraw.ImageDraw, s: Scene, w: Widget) -> None:
+def _widget(d: ImageDraw.ImageDraw, s: Scene, w: Widget, button_colours: bool) -> None:
     r = w.rect
     if w.kind == "button":
-        _button(d, r, w.label)
+        _button(d, r, w.label, button_colours)
     elif w.kind == "checkbox":
         _box(d, Rect(r.x, r.y + 2, 10, 10), fill=WHITE, outline=BLACK)
         if w.checked:

@@ -72,6 +72,28 @@ def _scatter_one(w: Widget, area: Rect, placed: list[Rect], rng: random.Random) 
     return None
 
 
+GRID = 28
+"""The `grid` placement's cell: Qwen2.5-VL's merged patch (2 x 14 px) on an unscaled screen."""
+
+
+def _grid_one(w: Widget, area: Rect, placed: list[Rect], rng: random.Random) -> Rect | None:
+    """w centred on the centre of a seeded free grid cell, or None when no cell fits it."""
+    ww, hh = w.size()
+    cells = [
+        (cx - ww // 2, cy - hh // 2)
+        for cx in range(GRID // 2, area.x + area.w, GRID)
+        for cy in range(GRID // 2, area.y + area.h, GRID)
+        if area.x <= cx - ww // 2 and cx - ww // 2 + ww <= area.x + area.w
+        if area.y <= cy - hh // 2 and cy - hh // 2 + hh <= area.y + area.h
+    ]
+    rng.shuffle(cells)
+    for x, y in cells:
+        r = Rect(x, y, ww, hh)
+        if not any(r.overlaps(p, margin=4) for p in placed):
+            return r
+    return None
+
+
 @dataclass
 class Widget:
     """One widget: spec fields, current value, and its rectangles after layout."""
@@ -231,7 +253,7 @@ class Scene:
 
     # ------------------------------------------------------------------ layout
     def layout(self, width: int, height: int, placement: str, seed: int) -> None:
-        """Place every widget for a `width` x `height` screen (`flow` or `scatter`)."""
+        """Place every widget for a `width` x `height` screen (`flow`, `scatter` or `grid`)."""
         self.width, self.height = width, height
         top = TITLE_H
         x = PAD
@@ -258,18 +280,19 @@ class Scene:
     def _place(
         self, ws: list[Widget], area: Rect, placement: str, seed: int, taken: list[Rect]
     ) -> list[Rect]:
-        if placement == "scatter":
+        if placement in ("scatter", "grid"):
             rng = random.Random(seed)
             placed = list(taken)
+            one = _scatter_one if placement == "scatter" else _grid_one
             for w in ws:
-                r = _scatter_one(w, area, placed, rng)
+                r = one(w, area, placed, rng)
                 if r is None:  # too crowded to scatter: fall back to flow, deterministically
                     return self._flow(ws, area, taken)
                 self._set_rect(w, r)
                 placed.append(r)
             return placed
-        if placement != "flow" and placement != "scatter":
-            raise EnvInputError(f"unknown placement {placement!r}: use 'flow' or 'scatter'")
+        if placement != "flow":
+            raise EnvInputError(f"unknown placement {placement!r}: use 'flow', 'scatter' or 'grid'")
         return self._flow(ws, area, taken)
 
     def _flow(self, ws: list[Widget], area: Rect, taken: list[Rect]) -> list[Rect]:
