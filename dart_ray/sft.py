@@ -73,6 +73,8 @@ def demonstrations(
             if action.kind in (ActionKind.FINISHED, ActionKind.CALL_USER):
                 break
             result = env.step(action)
+            if result.done:  # a commit ends the episode: a rollout never asks again
+                break
             turns[-1] = Turn(turns[-1].screenshot, text)
             turns.append(Turn(result.observation.screenshot))
 

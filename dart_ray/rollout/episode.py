@@ -151,7 +151,7 @@ async def run_episode(
         )
         try:
             gen = await policy.generate(request)
-            parsed = parse_response(gen.text, coords)
+            parsed = parse_response(gen.text, _frame(gen, coords))
             tries = 0
             while (
                 parsed.action.kind is ActionKind.INVALID
@@ -159,7 +159,7 @@ async def run_episode(
                 and tries < s.resample_limit
             ):
                 gen = await policy.generate(request)
-                parsed = parse_response(gen.text, coords)
+                parsed = parse_response(gen.text, _frame(gen, coords))
                 tries += 1
         except Exception as e:  # the server's failure, whatever its type: recorded, not raised
             log.warning("policy failed on %s step %d: %s", task.task_id, i, e)
@@ -198,3 +198,13 @@ async def run_episode(
     except _ENV_FAILURES as e:
         return done(Status.ABORTED, error=f"evaluate: {e}")
     return done(Status.OK if finished else Status.TRUNCATED, reward)
+
+
+def _frame(gen: Generation, guess: CoordinateMap) -> CoordinateMap:
+    """The frame the model's coordinates are in: the size the engine resized the current
+    screenshot to (the last image of the prompt), which follows the served model's own pixel
+    budget; `guess` (from the settings' budget) only where the engine does not say."""
+    if not gen.model_sizes:
+        return guess
+    w, h = gen.model_sizes[-1]
+    return CoordinateMap(guess.screen_width, guess.screen_height, w, h)

@@ -1,0 +1,37 @@
+"""`dart-ray sft`'s demonstrations: the prompt a rollout would build, the oracle's answer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dart_ray.actions import CoordinateMap, parse_response
+from dart_ray.config import EnvConfig
+from dart_ray.envs.minidesk.generate import make_task
+from dart_ray.models.loading import PolicyProcessor
+from dart_ray.records import ActionKind
+from dart_ray.sft import demonstrations
+
+TINY = Path(__file__).resolve().parents[1] / "fixtures" / "tiny-sft"
+
+
+def test_a_demonstration_names_its_target_and_stops_at_the_commit() -> None:
+    processor = PolicyProcessor.from_dir(TINY)
+    task = make_task("click-button", 2, 3)
+    demos = list(demonstrations([task], processor, EnvConfig()))
+    assert len(demos) == 1  # the click commits: no answer is taught for a finished episode
+    text = processor.decode(demos[0].response_ids)
+    label = task.instruction.split("'")[1]
+    assert text.startswith(f"Thought: I click the '{label}' button.\nAction: click(")
+    coords = CoordinateMap.for_screen(320, 240, processor.min_pixels, processor.max_pixels)
+    assert parse_response(text, coords).action.kind is ActionKind.CLICK
+    assert demos[0].response_ids[-1] == processor.eos_id
+
+
+def test_multi_step_demonstrations_carry_the_history() -> None:
+    processor = PolicyProcessor.from_dir(TINY)
+    task = make_task("toggle-checkbox", 1, 0)
+    demos = list(demonstrations([task], processor, EnvConfig()))
+    assert len(demos) == 2  # tick the box, then commit
+    first = processor.decode(demos[0].response_ids)
+    assert "checkbox" in first
+    assert len(demos[1].prompt_ids) > len(demos[0].prompt_ids)  # the first answer is in it
