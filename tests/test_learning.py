@@ -50,8 +50,9 @@ def _newest_checkpoint(run_dir: Path) -> Path:
 
 @pytest.mark.timeout(40 * 60)
 @pytest.mark.xfail(
-    reason="measured: +15 points are not reached in 20 CPU-minutes from a warm start whose "
-    "clicks are not yet grounded on the named button (docs/LEARNING.md has the curves)",
+    reason="measured 2026-12-03: 35.3% -> 37.3% held out (+2.0 points) after 20 minutes, 201 "
+    "versions; the warm start clicks a button but binds the named one barely above chance, and "
+    "RL does not form the binding in this budget (docs/LEARNING.md has the curves)",
     strict=False,
 )
 def test_rl_lifts_heldout_success_by_15_points(tmp_path: Path) -> None:
