@@ -127,7 +127,7 @@ class Rollouter:
         p = config.policy
         self.settings = EpisodeSettings(
             max_steps=config.rollout.max_steps,
-            sampling=SamplingParams(p.temperature, p.top_p, p.max_new_tokens),
+            sampling=SamplingParams(p.temperature, p.top_p, p.max_new_tokens, top_k=p.top_k),
             history_images=p.history_images,
             history_turns=p.history_turns,
             on_invalid=config.rollout.on_invalid_action,

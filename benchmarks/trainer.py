@@ -65,7 +65,7 @@ from dart_ray.prompts import Turn, build_messages
 from dart_ray.records import Status, Step, Trajectory
 from dart_ray.train.forward import collate
 from dart_ray.train.fsdp import full_state_dict
-from dart_ray.train.learner import Learner, LossSettings, split_micro
+from dart_ray.train.learner import Learner, loss_settings, split_micro
 from dart_ray.weights import pack
 from serve_apps.policy import build_app
 
@@ -88,7 +88,7 @@ def rollout_samples(engine: HFEngine, cfg: Config, n: int) -> list[StepSample]:
     tasks = [t for t in load_tasks(split="train") if t.config.get("family") in cfg.env.families]
     env = MiniDeskEnv(cfg.env)
     p = cfg.policy
-    sp = SamplingParams(p.temperature, p.top_p, p.max_new_tokens)
+    sp = SamplingParams(p.temperature, p.top_p, p.max_new_tokens, top_k=p.top_k)
     shots, prompts = [], []
     for i in range(n):
         task = tasks[i % len(tasks)]
@@ -119,22 +119,13 @@ def rollout_samples(engine: HFEngine, cfg: Config, n: int) -> list[StepSample]:
 
 
 def learner_for(cfg: Config, model: torch.nn.Module, proc: PolicyProcessor) -> Learner:
-    a, t = cfg.algo, cfg.train
+    t = cfg.train
     return Learner(
         model,
         proc.image_processor,
         image_pad_id=proc.image_pad_id,
         pad_id=proc.pad_id,
-        settings=LossSettings(
-            loss=a.loss,
-            eps_low=a.eps_low,
-            eps_high=a.eps_high,
-            dual_clip=a.dual_clip,
-            is_cap=a.is_cap,
-            kl_beta=a.kl_beta,
-            loss_agg=a.loss_agg,
-            temperature=cfg.policy.temperature or 1.0,
-        ),
+        settings=loss_settings(cfg),
         lr=t.lr,
         weight_decay=t.weight_decay,
         grad_clip=t.grad_clip,

@@ -204,10 +204,14 @@ class PolicyConfig(_Section):
     """Inference engine: `hf` (transformers, CPU or GPU) or `vllm`."""
     replicas: int = Field(default=1, ge=1)
     """Policy server replicas (Ray Serve)."""
-    temperature: float = Field(default=1.0, ge=0)
-    """Sampling temperature (0 = greedy)."""
+    temperature: float = Field(default=1.0, gt=0)
+    """Sampling temperature of rollouts (> 0: RL learns from sampled tokens and their
+    log-probs, which greedy decoding does not have; held-out evaluation is greedy by itself)."""
+    top_k: int = Field(default=0, ge=0)
+    """Sample among the k most likely tokens (0: all). The trainer scores the same truncated
+    distribution."""
     top_p: float = Field(default=1.0, gt=0, le=1)
-    """Nucleus sampling mass."""
+    """Nucleus sampling mass (1: all). The trainer scores the same truncated distribution."""
     max_new_tokens: int = Field(default=64, ge=1)
     """Maximum response tokens per turn (DART-GUI: 500 on UI-TARS-7B)."""
     history_images: int = Field(default=1, ge=1)
@@ -267,6 +271,15 @@ class PolicyConfig(_Section):
         if v == 0:
             raise ValueError("must be -1 (whole vocabulary) or at least 1")
         return v
+
+    @model_validator(mode="after")
+    def _vllm_temperature(self) -> PolicyConfig:
+        if self.engine == "vllm" and self.temperature > 2:
+            raise ValueError(
+                f"policy.temperature = {self.temperature}: vLLM samples at temperatures up to 2 "
+                "(use policy.engine = 'hf' for hotter sampling)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _token_beyond_loopback(self) -> PolicyConfig:
@@ -330,14 +343,32 @@ class AlgoConfig(_Section):
     """Upper clip range (ratio <= 1 + eps_high)."""
     dual_clip: float | None = Field(default=10.0, gt=1)
     """Dual-clip bound c for negative advantages (None disables)."""
+    off_policy: Literal["token_tis", "token_mask", "seq_mask"] = "token_tis"
+    """Correction of behaviour -> proximal policy (docs/TRAINING.md): `token_tis` weights each
+    token by min(r, is_cap) with r = pi_prox / pi_behaviour; `token_mask` keeps r where it lies
+    in [mask_low, mask_high] and drops the token otherwise (IcePop); `seq_mask` drops whole
+    sequences whose geometric-mean ratio leaves the band and weights the rest by it."""
     is_cap: float = Field(default=1.0, gt=0)
-    """Cap C of the truncated importance weight min(pi_old / pi_behaviour, C)."""
+    """Cap C of the truncated importance weight min(pi_prox / pi_behaviour, C) (`token_tis`)."""
+    mask_low: float = Field(default=0.5, ge=0)
+    """Lower edge of the ratio band of `token_mask` and `seq_mask`."""
+    mask_high: float = Field(default=2.0, gt=0)
+    """Upper edge of the ratio band of `token_mask` and `seq_mask`."""
     kl_beta: float = Field(default=0.0, ge=0)
     """KL coefficient to the frozen reference model; 0 disables the reference model."""
     advantage: Literal["trajectory", "step_weighted"] = "trajectory"
     """GRPO statistics per trajectory, or DART-GUI's step-count-weighted variant."""
     loss_agg: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
     """How token losses are reduced to one number."""
+
+    @model_validator(mode="after")
+    def _band(self) -> AlgoConfig:
+        if not self.mask_low < 1 < self.mask_high:
+            raise ValueError(
+                f"the ratio band [algo.mask_low, algo.mask_high] = [{self.mask_low}, "
+                f"{self.mask_high}] must contain 1 (on-policy tokens must be kept)"
+            )
+        return self
 
 
 class TrainConfig(_Section):
@@ -361,6 +392,11 @@ class TrainConfig(_Section):
     """Gradient norm clip."""
     tokens_per_rank: int = Field(default=8192, ge=1)
     """Token budget of one rank's micro-batch."""
+    ppo_epochs: int = Field(default=1, ge=1)
+    """Passes over each curated batch. With ppo_epochs x minibatches > 1 the batch takes
+    several optimizer steps, and the clip (ratio to the proximal policy) bounds how far."""
+    minibatches: int = Field(default=1, ge=1)
+    """Optimizer steps per pass: the batch is split into this many parts."""
     sync_every: int = Field(default=1, ge=1)
     """Optimizer steps between weight publications."""
     save_every: int = Field(default=5, ge=1)

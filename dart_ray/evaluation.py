@@ -73,7 +73,7 @@ def run_eval(
         tasks = tasks[:n_tasks]
     p = config.policy
     engine = make_engine(p, checkpoint)
-    defaults = SamplingParams(p.temperature, p.top_p, p.max_new_tokens)
+    defaults = SamplingParams(p.temperature, p.top_p, p.max_new_tokens, top_k=p.top_k)
     settings = EpisodeSettings(
         max_steps=config.rollout.max_steps,
         sampling=defaults,

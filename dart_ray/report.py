@@ -47,10 +47,48 @@ class RunReport:
     """The version the policy server answered with at the end (every publish is confirmed by
     every replica, or the trainer fails)."""
     rewards: list[float] = field(default_factory=list)
+    off_policy: list[dict[str, float]] = field(default_factory=list)
+    """Per published version, the means over its train steps of the trust-region and
+    off-policy metrics (`OFF_POLICY_KEYS`)."""
     run_dir: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+OFF_POLICY_KEYS = (
+    "clip_frac",
+    "clip_frac_last",
+    "is_capped_frac",
+    "is_masked_frac",
+    "logp_diff_abs",
+    "mismatch_kl_k3",
+    "onpolicy_logp_diff_abs",
+)
+"""Per-version metrics of how far training strays from what was sampled:
+clip fraction (all updates, and the batch's last update), the share of tokens whose
+importance weight was capped or masked, the engine-vs-trainer log-prob gap on the sampled
+tokens (mean |diff| and k3 KL, staleness included), and that gap on tokens sampled by the
+very weights the trainer held (the pure engine-vs-trainer mismatch)."""
+
+
+def off_policy_by_version(history: list[dict[str, float]]) -> list[dict[str, float]]:
+    """Means of `OFF_POLICY_KEYS` over the steps of each version, in version order."""
+    acc: dict[int, dict[str, list[float]]] = {}
+    for h in history:
+        v = int(h.get("version", 0))
+        for k in OFF_POLICY_KEYS:
+            if k in h:
+                acc.setdefault(v, {}).setdefault(k, []).append(float(h[k]))
+    return [
+        {"version": float(v), **{k: sum(xs) / len(xs) for k, xs in acc[v].items()}}
+        for v in sorted(acc)
+    ]
+
+
+def _mean_of(rows: list[dict[str, float]], key: str) -> float | None:
+    xs = [r[key] for r in rows if key in r]
+    return sum(xs) / len(xs) if xs else None
 
 
 def build_report(
@@ -88,6 +126,7 @@ def build_report(
         sync_latency_max_s=max(syncs, default=0.0),
         policy_version=int(parts.policy.version.remote().result()),
         rewards=[float(h.get("mean_reward", 0.0)) for h in history],
+        off_policy=off_policy_by_version(history),
         run_dir=str(parts.run_dir),
     )
     write(report, history, parts.run_dir)
@@ -166,6 +205,22 @@ def render(report: RunReport, console: Console) -> None:
     t.add_row(
         "weight syncs (mean / max latency)",
         f"{report.sync_count} ({report.sync_latency_mean_s:.2f} s / {report.sync_latency_max_s:.2f} s)",
+    )
+    rows = report.off_policy
+
+    def mean(key: str, fmt: str) -> str:
+        v = _mean_of(rows, key)
+        return "-" if v is None else format(v, fmt)
+
+    t.add_row(
+        "clipped / IS-capped / masked tokens",
+        f"{mean('clip_frac', '.1%')} / {mean('is_capped_frac', '.1%')} / "
+        f"{mean('is_masked_frac', '.1%')}",
+    )
+    t.add_row(
+        "|logp engine - trainer| (on-policy)",
+        f"{mean('logp_diff_abs', '.2e')} ({mean('onpolicy_logp_diff_abs', '.2e')}); "
+        f"KL k3 {mean('mismatch_kl_k3', '.2e')}",
     )
     t.add_row("wall time", f"{report.wall_s:.0f} s")
     t.add_row("outputs", f"{report.run_dir}/report.json, curve.png, tb/")

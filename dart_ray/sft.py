@@ -141,7 +141,7 @@ def sft(
             image_pad_id=processor.image_pad_id,
             pad_id=processor.pad_id,
         )
-        logp, _ = response_logprobs(model, mb, 1.0, suppressed)
+        logp, _ = response_logprobs(model, mb, None, suppressed)
         mask = mb.response_mask.to(logp.dtype)
         loss = -(logp * mask).sum() / mask.sum()
         opt.zero_grad(set_to_none=True)

@@ -90,6 +90,7 @@ def _sampling(body: dict[str, Any], defaults: SamplingParams) -> SamplingParams:
     """The sampling fields of an OpenAI request; BadRequest names the field that is wrong."""
     temperature = _number(body, "temperature", defaults.temperature)
     top_p = _number(body, "top_p", defaults.top_p)
+    top_k = _number(body, "top_k", defaults.top_k, integer=True)
     max_tokens = _number(body, "max_tokens", defaults.max_new_tokens, integer=True)
     stop = body.get("stop") or []
     stop = [stop] if isinstance(stop, str) else stop
@@ -99,11 +100,15 @@ def _sampling(body: dict[str, Any], defaults: SamplingParams) -> SamplingParams:
         raise BadRequest(f"temperature must be >= 0, got {temperature}")
     if not 0 < top_p <= 1:
         raise BadRequest(f"top_p must be in (0, 1], got {top_p}")
+    if top_k < 0:
+        raise BadRequest(f"top_k must be >= 0 (0: off), got {top_k}")
     if max_tokens > MAX_HTTP_TOKENS:
         raise BadRequest(f"max_tokens must be at most {MAX_HTTP_TOKENS}")
     if max_tokens < 1:
         raise BadRequest(f"max_tokens must be at least 1, got {max_tokens}")
-    return SamplingParams(float(temperature), float(top_p), int(max_tokens), tuple(stop))
+    return SamplingParams(
+        float(temperature), float(top_p), int(max_tokens), tuple(stop), top_k=int(top_k)
+    )
 
 
 def read_token(cfg: PolicyConfig) -> str | None:
@@ -137,7 +142,7 @@ class PolicyServer:
         self.engine.gate.version = initial_version
         self.model_path = model_path
         self.defaults = SamplingParams(
-            self.cfg.temperature, self.cfg.top_p, self.cfg.max_new_tokens
+            self.cfg.temperature, self.cfg.top_p, self.cfg.max_new_tokens, top_k=self.cfg.top_k
         )
         self._batched.set_max_batch_size(self.cfg.max_batch_size)
         self._batched.set_batch_wait_timeout_s(self.cfg.batch_wait_ms / 1000)

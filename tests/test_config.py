@@ -43,6 +43,11 @@ def test_overrides_take_toml_values() -> None:
         ("algo.eps_hihg=0.2", "algo.eps_hihg: unknown key"),
         ("nosuch.key=1", "nosuch: unknown key"),
         ("run.run_id=../x", "run.run_id = '../x': must be 1-128 characters"),
+        ("policy.temperature=0", "policy.temperature = 0: Input should be greater than 0"),
+        ("policy.top_k=-1", "policy.top_k = -1: Input should be greater than or equal to 0"),
+        ("train.ppo_epochs=0", "train.ppo_epochs = 0: Input should be greater than or equal to 1"),
+        ("algo.off_policy=tis", "algo.off_policy = 'tis': Input should be 'token_tis'"),
+        ("algo.mask_high=0.9", "[algo.mask_low, algo.mask_high] = [0.5, 0.9] must contain 1"),
     ],
 )
 def test_errors_name_the_key_and_value(override: str, expected: str) -> None:
@@ -127,6 +132,12 @@ def test_policy_fields_of_the_policy_server() -> None:
         load_config(None, ["policy.vllm_logprobs_topk=0"])
     with pytest.raises(ConfigError, match=r"policy\.weights_load"):
         load_config(None, ["policy.weights_load='mmap'"])
+
+
+def test_sampling_vllm_cannot_reproduce_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"vLLM samples at temperatures up to 2"):
+        load_config(None, ["policy.engine=vllm", "policy.temperature=2.5"])
+    assert load_config(None, ["policy.engine=hf", "policy.temperature=2.5"])
 
 
 def test_policy_route_beyond_loopback_needs_a_token(tmp_path: Path) -> None:

@@ -52,6 +52,15 @@ def test_a_short_run_accounts_for_everything(mode: str, tmp_path: Path) -> None:
     run_dir = tmp_path / f"e2e-{mode}"
     assert (run_dir / "report.json").is_file() and (run_dir / "curve.png").is_file()
     assert any((run_dir / "tb").iterdir())
+    # the trainer scored what the engine sampled: on tokens of the weights it held, the gap
+    # between the two log-probs is float noise (the sync mode is on-policy at every step)
+    assert [int(r["version"]) for r in report.off_policy] == [1, 2]
+    onpolicy = [
+        r["onpolicy_logp_diff_abs"] for r in report.off_policy if "onpolicy_logp_diff_abs" in r
+    ]
+    assert onpolicy and max(onpolicy) < 1e-3
+    if mode == "sync":
+        assert len(onpolicy) == 2
 
     store = open_store(cfg)
     with store.engine.connect() as c:

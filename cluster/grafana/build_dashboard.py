@@ -141,6 +141,23 @@ def panels() -> list[dict[str, Any]]:
             (f"max(ray_dart_trainer_utilisation{{{RUN}}})", "trainer utilisation"),
         ),
         series(
+            "Trust region and off-policy correction",
+            "percentunit",
+            "Share of tokens the PPO/GSPO clip bound (0 with one update per batch), whose "
+            "importance weight was capped, and that the correction dropped (docs/TRAINING.md).",
+            (f"max(ray_dart_clip_fraction{{{RUN}}})", "clipped"),
+            (f"max(ray_dart_is_capped_fraction{{{RUN}}})", "IS capped"),
+            (f"max(ray_dart_is_masked_fraction{{{RUN}}})", "masked"),
+        ),
+        series(
+            "Engine vs trainer log-probs",
+            "short",
+            "Mean |log-prob difference| on the sampled tokens and the k3 KL(behaviour || "
+            "trainer): staleness plus kernel mismatch; near 0 on-policy.",
+            (f"max(ray_dart_logprob_mismatch_abs{{{RUN}}})", "mean |diff|"),
+            (f"max(ray_dart_logprob_mismatch_kl{{{RUN}}})", "KL k3"),
+        ),
+        series(
             "Weight sync latency",
             "s",
             "One publication: ray.put once, every replica loads in place.",

@@ -1,14 +1,25 @@
 """Policy losses over packed step samples. Shapes: B samples, T response tokens (padded).
 
-All functions take per-token log-probs of the current policy `logp` (with gradient), of the
-policy before this update `logp_old` (recomputed by the trainer, no gradient), and of the
-behaviour policy that sampled the tokens `logp_behaviour` (logged by the inference engine).
-They return `(loss, metrics)`.
+Three policies meet here, kept apart as in decoupled PPO (Hilton et al. 2022; AReaL):
 
-Truncated importance sampling corrects for the gap between the inference engine and the
-trainer (different kernels, and in the decoupled mode possibly older weights):
+- *behaviour* `logp_behaviour`: logged by the inference engine from the distribution it
+  sampled from (possibly older weights, other kernels);
+- *proximal* `logp_old`: the trainer's weights before this batch's first optimizer step,
+  computed once (no gradient);
+- *current* `logp`: under the gradient.
 
-    w_t = min(exp(logp_old_t - logp_behaviour_t), C)                 (TIS; stop-gradient)
+The importance weight corrects behaviour -> proximal; the clip bounds current / proximal. With
+one optimizer step per batch the current policy *is* the proximal one at the gradient, so
+the ratio is 1 and the clip cannot bind; it binds from the second step on (`train.ppo_epochs`,
+`train.minibatches`). The off-policy correction, r_t = exp(logp_old_t - logp_behaviour_t):
+
+    token_tis:   w_t = min(r_t, C)                                    (truncated IS)
+    token_mask:  w_t = r_t if lo <= r_t <= hi else 0                  (IcePop-style)
+    seq_mask:    s_i = exp(mean_t log r_t); w_t = s_i if lo <= s_i <= hi else 0
+
+all without gradient. `seq_mask` uses the geometric mean, as GSPO does for its ratio: the
+plain product of a few dozen token ratios spans orders of magnitude and would mask almost
+every sequence.
 
 Token-level PPO clip with asymmetric bounds (DAPO's clip-higher) and dual clip:
 
@@ -56,6 +67,59 @@ def truncated_is_weight(
     return torch.exp(logp_old - logp_behaviour).clamp(max=cap).detach()
 
 
+OffPolicy = Literal["token_tis", "token_mask", "seq_mask"]
+
+
+def off_policy_weights(
+    logp_old: torch.Tensor,
+    logp_behaviour: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    mode: OffPolicy = "token_tis",
+    cap: float = 1.0,
+    low: float = 0.5,
+    high: float = 2.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """(B, T) per-token weights (0 on padding, no gradient) and the fractions of real tokens
+    they capped (`is_capped_frac`) or dropped (`is_masked_frac`)."""
+    m = mask.to(logp_old.dtype)
+    log_r = (logp_old - logp_behaviour).detach()
+    r = torch.exp(log_r)
+    capped = torch.zeros_like(m, dtype=torch.bool)
+    if mode == "token_tis":
+        w = r.clamp(max=cap)
+        capped = r > cap
+        dropped = r <= 0  # the trainer gives the token no mass (outside its top-k / top-p)
+    elif mode == "token_mask":
+        dropped = (r < low) | (r > high)
+        w = torch.where(dropped, torch.zeros_like(r), r)
+    elif mode == "seq_mask":
+        s = torch.exp(masked_mean(log_r, mask, dim=1))  # (B,)
+        drop_seq = (s < low) | (s > high)
+        w = torch.where(drop_seq, torch.zeros_like(s), s).unsqueeze(-1).expand_as(r)
+        dropped = drop_seq.unsqueeze(-1).expand_as(r)
+    else:
+        raise ValueError(f"unknown off-policy correction {mode!r}")
+    metrics = {
+        "is_capped_frac": float(masked_mean(capped.to(m.dtype), m)),
+        "is_masked_frac": float(masked_mean(dropped.to(m.dtype), m)),
+    }
+    return (w * m).detach(), metrics
+
+
+def mismatch_metrics(
+    logp_old: torch.Tensor, logp_behaviour: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
+    """How far the trainer's log-probs are from the engine's on the sampled tokens: mean
+    |difference| and the k3 estimate of KL(behaviour || proximal) (samples come from the
+    behaviour policy, so that is the direction k3 estimates without bias)."""
+    d = (logp_old - logp_behaviour).detach()
+    return {
+        "logp_diff_abs": float(masked_mean(d.abs(), mask)),
+        "mismatch_kl_k3": float(masked_mean(torch.exp(d) - d - 1, mask)),
+    }
+
+
 def kl_k3(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
     """Per-token k3 estimate of KL(pi || pi_ref) from samples of pi."""
     d = logp_ref - logp
@@ -80,7 +144,9 @@ def ppo_clip_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Token-level clipped surrogate. advantages: (B,) per sample or (B, T) per token."""
     adv = _expand(advantages, logp).detach()
-    ratio = torch.exp(logp - logp_old.detach())
+    # capped at e^20 (zero gradient beyond): a token the proximal policy gives no mass
+    # (outside its top-p) must not make inf * 0 = nan; such a token has IS weight 0
+    ratio = torch.exp((logp - logp_old.detach()).clamp(max=20.0))
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1 - eps_low, 1 + eps_high)
     loss_tok = torch.maximum(unclipped, clipped)
@@ -122,8 +188,13 @@ def gspo_loss(
     clipped = -adv * s.clamp(1 - eps_low, 1 + eps_high)
     loss_seq = torch.maximum(unclipped, clipped)
     if is_weight is not None:
-        # sequence weight: geometric mean of the token weights, capped like them
-        w_seq = torch.exp(masked_mean(torch.log(is_weight.clamp(min=1e-12)), mask, dim=1))
+        # sequence weight: geometric mean of the weights of the tokens the correction kept
+        # (a sequence with none kept gets 0)
+        kept = mask.bool() & (is_weight > 0)
+        log_w = torch.log(is_weight.clamp(min=1e-30))
+        w_seq = torch.where(
+            kept.any(1), torch.exp(masked_mean(log_w, kept, dim=1)), torch.zeros_like(log_s)
+        )
         loss_seq = loss_seq * w_seq.detach()
     loss = loss_seq.mean()
     with torch.no_grad():

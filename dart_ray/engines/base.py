@@ -25,6 +25,7 @@ from typing import Literal
 
 from PIL import Image
 
+from dart_ray.algo.sampling import SamplingSpec
 from dart_ray.models.loading import EncodedPrompt
 from dart_ray.prompts import ChatMessage
 from dart_ray.weights import PackedWeights
@@ -39,18 +40,22 @@ class SamplingParams:
     max_new_tokens: int = 64
     stop: tuple[str, ...] = ()
     """Strings that end the response; the text is cut before the first one."""
+    top_k: int = 0
+    """Keep the k most likely tokens; 0 keeps all."""
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        self.spec  # noqa: B018  (validates temperature, top_k and top_p)
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def spec(self) -> SamplingSpec:
+        """The distribution-shaping part, shared with the trainer."""
+        return SamplingSpec(self.temperature, self.top_k, self.top_p)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +91,8 @@ class Generation:
     prompt_ids: tuple[int, ...]
     """The prompt as the model saw it (image pads expanded)."""
     logprobs: tuple[float, ...]
-    """log pi(token) under the distribution sampled from (after temperature and top_p;
-    for greedy decoding, the model's distribution at temperature 1)."""
+    """log pi(token) under the distribution sampled from (after temperature, top-k and
+    top-p; for greedy decoding, the model's distribution at temperature 1)."""
     entropy: tuple[float, ...]
     """Entropy of that distribution at each response token (nats)."""
     weight_version: int

@@ -1,17 +1,23 @@
 """The transformers engine: batched generation with exact log-probs and entropy.
 
-Why our own logits processors instead of `generate(temperature=..., top_p=...)`: transformers
-applies user processors *before* its temperature and top-p warpers, and `output_scores` keeps a
-(batch, vocab) tensor per step (gigabytes at UI-TARS's 152k vocabulary and 500 tokens). So we
-pass temperature 1 and top-p 1 to `generate` (it then adds no warpers, and top-k is disabled)
-and run our own chain, whose output *is* the distribution `generate` samples from:
+The engine owns its sampler. `generate` runs greedy (`do_sample=False`, so transformers adds
+none of its sampling warpers), and the last logits processor, `_Sampler`, does the sampling
+itself: it turns the model's logits into the distribution to sample from with the same pure
+function the trainer scores with (`dart_ray.algo.sampling.process_logits`: suppress special
+tokens -> temperature -> top-k -> top-p), draws the token from exactly that distribution,
+records its log-prob and the distribution's entropy, and hands `generate` a row that is -inf
+everywhere but the drawn token, which greedy selection then takes. What is sampled is what is
+recorded, whatever warpers a transformers version would add: an earlier version of this
+engine let `generate` sample, and transformers' default top-k of 50 cut the distribution
+after the log-probs were recorded (at temperature 3 on the tiny model, 78% of the recorded
+mass was never sampled).
 
-    suppress special tokens -> divide by temperature -> nucleus (top_p) -> record
+The model's own `generation_config` is replaced by a neutral one at load: transformers fills
+every unset generation field from it, and a checkpoint's defaults (Qwen's repetition penalty
+1.05, for one) would otherwise reshape the logits before our processors see them.
 
-The recorder keeps only the current step's log-softmax: at the next step it reads the token
-that was sampled from it (the last input id) and keeps that token's log-prob and the step's
-entropy, so memory stays O(batch x vocab). Greedy decoding records the model's distribution
-at temperature 1 (with suppressed tokens removed).
+Memory stays O(batch x vocab): only the current step's distribution is alive. Greedy decoding
+records the model's distribution at temperature 1 (with suppressed tokens removed).
 
 Requests of one batch may differ in length and in number of images: prompts are left-padded
 and the images of all requests are concatenated in order, which is how Qwen2.5-VL's forward
@@ -30,6 +36,7 @@ from typing import Literal
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
+from dart_ray.algo.sampling import SamplingSpec, entropy_of, process_logits
 from dart_ray.engines.base import (
     Engine,
     GenerateRequest,
@@ -41,67 +48,46 @@ from dart_ray.models.loading import EncodedPrompt, PolicyProcessor, load_model
 from dart_ray.weights import PackedWeights, load_into, share_into
 
 
-class _Suppress(LogitsProcessor):
-    def __init__(self, ids: Sequence[int]) -> None:
-        self.ids = torch.tensor(list(ids), dtype=torch.long)
+class _Sampler(LogitsProcessor):
+    """Draws each next token from the processed distribution and records its log-prob and
+    the distribution's entropy; returns logits that make greedy selection pick that token."""
 
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if len(self.ids):
-            scores = scores.clone()
-            scores[:, self.ids] = -float("inf")
-        return scores
-
-
-class _Temperature(LogitsProcessor):
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        return scores / self.t
-
-
-class _TopP(LogitsProcessor):
-    """Keep the smallest set of tokens whose probability reaches p (the top token always)."""
-
-    def __init__(self, p: float) -> None:
-        self.p = p
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        sorted_scores, order = torch.sort(scores, descending=True, dim=-1)
-        cum = sorted_scores.softmax(-1).cumsum(-1)
-        # drop a token when the mass before it already reaches p
-        drop_sorted = (cum - sorted_scores.softmax(-1)) >= self.p
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        return scores.masked_fill(drop, -float("inf"))
-
-
-class _Recorder(LogitsProcessor):
-    """Log-prob of each sampled token and entropy of each step's final distribution."""
-
-    def __init__(self) -> None:
+    def __init__(self, spec: SamplingSpec, suppressed: Sequence[int]) -> None:
+        self.spec = spec
+        self.suppressed = torch.tensor(list(suppressed), dtype=torch.long)
         self.logprobs: list[torch.Tensor] = []  # each (B,)
         self.entropy: list[torch.Tensor] = []  # each (B,)
-        self._prev: torch.Tensor | None = None  # (B, V) log-softmax of the previous step
-
-    def _take(self, chosen: torch.Tensor) -> None:
-        assert self._prev is not None
-        self.logprobs.append(self._prev.gather(-1, chosen[:, None])[:, 0])
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if self._prev is not None:
-            self._take(input_ids[:, -1])
-        logp = torch.log_softmax(scores.float(), dim=-1)
-        p = logp.exp()
-        self.entropy.append(-torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1))
-        self._prev = logp
-        return scores
+        logp = torch.log_softmax(process_logits(scores.float(), self.spec, self.suppressed), -1)
+        probs = logp.exp()
+        chosen = logp.argmax(-1) if self.spec.greedy else torch.multinomial(probs, 1)[:, 0]  # (B,)
+        self.logprobs.append(logp.gather(-1, chosen[:, None])[:, 0])
+        self.entropy.append(entropy_of(logp))
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter_(-1, chosen[:, None], 0.0)  # type: ignore[return-value]
 
-    def finish(self, last_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, T) log-probs and entropies once `generate` returned its last tokens."""
-        if self._prev is not None:
-            self._take(last_tokens)
-            self._prev = None
+    def finish(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, T) log-probs and entropies of the tokens drawn."""
         return torch.stack(self.logprobs, 1), torch.stack(self.entropy, 1)
+
+
+def neutral_generation_config(eos_id: int, pad_id: int) -> GenerationConfig:
+    """A generation config that adds no logits processor of its own."""
+    return GenerationConfig(
+        do_sample=False,
+        num_beams=1,
+        repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        encoder_no_repeat_ngram_size=0,
+        min_length=0,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        bos_token_id=None,
+    )
 
 
 class HFEngine(Engine):
@@ -124,6 +110,9 @@ class HFEngine(Engine):
         self.model = load_model(model_path, dtype=dtype, device=device)
         self.device = device
         self.suppressed = self.processor.suppressed_ids(allow_special_tokens)
+        self.model.generation_config = neutral_generation_config(
+            self.processor.eos_id, self.processor.pad_id
+        )
 
     def prepare(self, request: GenerateRequest, defaults: SamplingParams) -> PreparedRequest:
         return PreparedRequest(
@@ -182,31 +171,19 @@ class HFEngine(Engine):
         self, batch: Sequence[EncodedPrompt], sp: SamplingParams, version: int
     ) -> list[Generation]:
         t0 = time.perf_counter()
-        recorder = _Recorder()
-        chain: list[LogitsProcessor] = [_Suppress(self.suppressed)]
-        if not sp.greedy:
-            chain += [_Temperature(sp.temperature)] if sp.temperature != 1 else []
-            chain += [_TopP(sp.top_p)] if sp.top_p < 1 else []
-        chain.append(recorder)
-        config = GenerationConfig(
-            do_sample=not sp.greedy,
-            max_new_tokens=sp.max_new_tokens,
-            temperature=1.0,
-            top_p=1.0,
-            top_k=None,
-            eos_token_id=self.processor.eos_id,
-            pad_token_id=self.processor.pad_id,
-            stop_strings=list(sp.stop) or None,
-        )
+        sampler = _Sampler(sp.spec, self.suppressed)
+        config = neutral_generation_config(self.processor.eos_id, self.processor.pad_id)
+        config.max_new_tokens = sp.max_new_tokens
+        config.stop_strings = list(sp.stop) or None
         inputs = self._inputs(batch)
         width = inputs["input_ids"].shape[1]
         seqs = self.model.generate(
             **inputs,
             generation_config=config,
-            logits_processor=LogitsProcessorList(chain),
+            logits_processor=LogitsProcessorList([sampler]),
             tokenizer=self.processor.tokenizer if sp.stop else None,
         )
-        logprobs, entropy = recorder.finish(seqs[:, -1])  # (B, T) each
+        logprobs, entropy = sampler.finish()  # (B, T) each
         latency = time.perf_counter() - t0
         return [
             self._one(

@@ -103,6 +103,7 @@ class VLLMEngine(Engine):
         return VSamplingParams(
             temperature=sp.temperature,
             top_p=sp.top_p,
+            top_k=sp.top_k if sp.top_k > 0 else -1,
             max_tokens=sp.max_new_tokens,
             stop=list(sp.stop) or None,
             logprobs=self.logprobs_topk,

@@ -4,9 +4,11 @@ A sample is the exact prompt the policy saw (`prompt_ids`, image pads already ex
 each image's token count) plus the response it sampled. The trainer never re-tokenises: it
 concatenates the two id lists, right-pads the micro-batch, turns the sample's screenshots
 into pixel values with the model's own image processor, and reads the logits that predicted
-each response token. Logits are divided by the sampling temperature so that the log-probs
-are of the same distribution the behaviour log-probs were taken under (top-p truncation is
-not reproduced; truncated importance sampling absorbs the difference).
+each response token. The logits go through the same processing as the engine's sampler
+(`dart_ray.algo.sampling.process_logits`: suppressed tokens, temperature, top-k, top-p), so
+the log-probs are of the distribution the behaviour log-probs were taken under. A sampled
+token that the trainer's own truncation leaves out (its weights moved it out of the nucleus)
+gets log-prob -1e4 with no gradient instead of -inf, so ratios stay finite.
 """
 
 from __future__ import annotations
@@ -18,6 +20,11 @@ from dataclasses import dataclass, fields
 import pyarrow as pa
 import torch
 from PIL import Image
+
+from dart_ray.algo.sampling import SamplingSpec, entropy_of, process_logits
+
+LOGP_FLOOR = -1e4
+"""Log-prob given to a sampled token outside the trainer's truncated distribution."""
 
 
 class BatchError(ValueError):
@@ -121,10 +128,11 @@ def collate(
 def response_logprobs(
     model: torch.nn.Module,
     mb: MicroBatch,
-    temperature: float = 1.0,
+    sampling: SamplingSpec | None = None,
     suppressed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, T) log-probs of the response tokens and (B, T) entropies, response-aligned.
+    """(B, T) log-probs of the response tokens and (B, T) entropies, response-aligned, under
+    the distribution `sampling` describes (default: temperature 1, nothing truncated).
 
     `suppressed` token ids get no probability, as in the inference engine (which never
     samples special tokens but the end token), so both sides use the same distribution."""
@@ -136,8 +144,6 @@ def response_logprobs(
         use_cache=False,
     )
     logits = out.logits  # (B, L, V)
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
     b, t = mb.response_ids.shape
     # the logit at position p predicts token p + 1: response token j sits at prompt_len + j
     steps = torch.arange(t, device=logits.device)
@@ -145,12 +151,11 @@ def response_logprobs(
         max=logits.shape[1] - 1
     )  # (B, T)
     sel = logits.gather(1, pos.unsqueeze(-1).expand(b, t, logits.shape[-1])).float()  # (B, T, V)
-    if suppressed is not None and suppressed.numel():
-        sel = sel.index_fill(-1, suppressed.to(sel.device), float("-inf"))
+    sel = process_logits(sel, sampling or SamplingSpec(), suppressed)
     logp_all = torch.log_softmax(sel, dim=-1)
-    logp = logp_all.gather(-1, mb.response_ids.unsqueeze(-1)).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all.clamp(min=-1e30)).sum(-1)  # 0 * -inf -> 0
-    # padding may hold a suppressed id (log-prob -inf): select, never multiply by the mask
+    logp = logp_all.gather(-1, mb.response_ids.unsqueeze(-1)).squeeze(-1).clamp(min=LOGP_FLOOR)
+    entropy = entropy_of(logp_all)
+    # padding may hold a suppressed id: select, never multiply by the mask
     real = mb.response_mask.bool()
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     return torch.where(real, logp, zero), torch.where(real, entropy, zero).detach()

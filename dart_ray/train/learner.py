@@ -1,22 +1,30 @@
-"""One optimizer step of the policy on this rank's shard of a curated step.
+"""Optimizer steps of the policy on this rank's shard of a curated batch.
 
-The learner is algorithm-blind beyond the loss switch: advantages and behaviour log-probs
-come with the samples; it recomputes pi_old (one optimizer step per curated step, so pi_old
-is the current policy and shares the forward pass), weights tokens by the truncated
-importance ratio pi_old / pi_behaviour, and applies the PPO-clip or GSPO loss plus an
-optional KL to a frozen reference.
+The learner is algorithm-blind beyond the loss switch: advantages and behaviour log-probs come
+with the samples. Each batch goes through `ppo_epochs` passes of `minibatches` optimizer
+steps. Before the first step it computes the *proximal* log-probs (the weights before this
+batch's first update; no gradient), and every step scores the *current* policy against them
+(decoupled PPO, `dart_ray.algo.losses`): the off-policy weight corrects behaviour ->
+proximal, the PPO / GSPO clip bounds current / proximal, an optional KL term pulls toward a
+frozen reference. With a single optimizer step per batch the proximal log-probs are the
+current ones at the only gradient evaluation, so they come from the same forward pass (the
+ratio is exactly 1 there, and a separate pass would compute the same numbers).
+
+Log-probs are of the distribution the engine sampled from: the trainer applies the same
+processing (suppressed tokens, temperature, top-k, top-p; `dart_ray.algo.sampling`).
 
 Under FSDP every rank must run the same number of forward/backward passes, or the per-block
-all-gathers deadlock. Ranks agree on the micro-batch count (all-reduce MAX) and a rank with
-fewer pads with zero-weight dummy passes. Losses are normalised by the *global* number of
-tokens (or sequences), so the gradient is the same however samples fall across ranks and
-micro-batches.
+all-gathers deadlock. Ranks agree on the micro-batch count of every minibatch (all-reduce
+MAX) and a rank with fewer pads with zero-weight dummy passes. Losses are normalised by the
+*global* number of tokens (or sequences) of the minibatch, so the gradient is the same
+however samples fall across ranks and micro-batches.
 """
 
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, field
 from typing import Literal
 
 import pyarrow as pa
@@ -26,13 +34,17 @@ from PIL import Image
 
 from dart_ray.algo.losses import (
     LossAgg,
+    OffPolicy,
     aggregate,
     gspo_loss,
     kl_k3,
     masked_mean,
+    mismatch_metrics,
+    off_policy_weights,
     ppo_clip_loss,
-    truncated_is_weight,
 )
+from dart_ray.algo.sampling import SamplingSpec
+from dart_ray.config import Config
 from dart_ray.records import SAMPLE_SCHEMA
 from dart_ray.train.forward import MicroBatch, collate, response_logprobs
 from dart_ray.train.fsdp import comm_device
@@ -44,10 +56,36 @@ class LossSettings:
     eps_low: float = 0.1
     eps_high: float = 0.28
     dual_clip: float | None = 10.0
+    off_policy: OffPolicy = "token_tis"
     is_cap: float = 1.0
+    mask_low: float = 0.5
+    mask_high: float = 2.0
     kl_beta: float = 0.0
     loss_agg: LossAgg = "token_mean"
-    temperature: float = 1.0
+    sampling: SamplingSpec = field(default_factory=SamplingSpec)
+    """The distribution the rollouts were sampled from (greedy: temperature 1)."""
+    ppo_epochs: int = 1
+    minibatches: int = 1
+
+
+def loss_settings(c: Config) -> LossSettings:
+    """The loss as the run's config describes it (the rollouts' sampling included)."""
+    a, p = c.algo, c.policy
+    return LossSettings(
+        loss=a.loss,
+        eps_low=a.eps_low,
+        eps_high=a.eps_high,
+        dual_clip=a.dual_clip,
+        off_policy=a.off_policy,
+        is_cap=a.is_cap,
+        mask_low=a.mask_low,
+        mask_high=a.mask_high,
+        kl_beta=a.kl_beta,
+        loss_agg=a.loss_agg,
+        sampling=SamplingSpec(p.temperature, p.top_k, p.top_p),
+        ppo_epochs=c.train.ppo_epochs,
+        minibatches=c.train.minibatches,
+    )
 
 
 def split_micro(batch: pa.RecordBatch, max_tokens: int) -> list[pa.RecordBatch]:
@@ -71,12 +109,31 @@ def split_micro(batch: pa.RecordBatch, max_tokens: int) -> list[pa.RecordBatch]:
     return out
 
 
-def _all_reduce(x: float, op: dist.ReduceOp.RedOpType) -> float:
+def split_rows(batch: pa.RecordBatch, parts: int) -> list[pa.RecordBatch]:
+    """`parts` consecutive slices of near-equal row counts (some empty when rows < parts)."""
+    n = batch.num_rows
+    bounds = [n * k // parts for k in range(parts + 1)]
+    return [batch.slice(a, b - a) for a, b in itertools.pairwise(bounds)]
+
+
+def _all_reduce(xs: list[float], op: dist.ReduceOp.RedOpType) -> list[float]:
     if not dist.is_initialized():
-        return x
-    t = torch.tensor([x], dtype=torch.float64, device=comm_device())
+        return xs
+    t = torch.tensor(xs, dtype=torch.float64, device=comm_device())
     dist.all_reduce(t, op=op)
-    return float(t.item())
+    return [float(v) for v in t.tolist()]
+
+
+@dataclass
+class _Part:
+    """One minibatch on this rank: its micro-batches, the agreed pass count, global sizes."""
+
+    micro: list[MicroBatch]
+    passes: int
+    scale_tok: float
+    scale_seq: float
+    prox: list[torch.Tensor | None]
+    """Proximal log-probs per micro-batch (None: take them from the step's own forward)."""
 
 
 class Learner:
@@ -138,25 +195,83 @@ class Learner:
                 "images": [[buf.getvalue()]],
             }
             rb = pa.RecordBatch.from_pydict(row, schema=SAMPLE_SCHEMA)
-            self._dummy = collate(
-                rb, self.image_processor, image_pad_id=self.image_pad_id, pad_id=self.pad_id
-            ).to(self.device)
+            self._dummy = self._collate(rb)
         return self._dummy
 
+    def _collate(self, rb: pa.RecordBatch) -> MicroBatch:
+        return collate(
+            rb, self.image_processor, image_pad_id=self.image_pad_id, pad_id=self.pad_id
+        ).to(self.device)
+
+    def _logprobs(
+        self, model: torch.nn.Module, mb: MicroBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return response_logprobs(model, mb, self.s.sampling, self.suppressed)
+
+    def _parts(self, shard: pa.RecordBatch) -> list[_Part]:
+        """Split the shard into minibatches and agree with the other ranks on their sizes."""
+        k = self.s.minibatches
+        micro = [
+            [self._collate(b) for b in split_micro(rows, self.tokens_per_micro)]
+            if rows.num_rows
+            else []
+            for rows in split_rows(shard, k)
+        ]
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        passes = _all_reduce([float(len(m)) for m in micro], dist.ReduceOp.MAX)
+        tok = _all_reduce(
+            [sum(float(b.response_mask.sum()) for b in m) for m in micro], dist.ReduceOp.SUM
+        )
+        seq = _all_reduce(
+            [sum(float((b.response_mask.sum(1) > 0).sum()) for b in m) for m in micro],
+            dist.ReduceOp.SUM,
+        )
+        # FSDP averages gradients over ranks: multiply back by the world size, and divide by
+        # the global count so the result is the global mean of the token (sequence) losses.
+        return [
+            _Part(m, int(n), world / max(t, 1.0), world / max(q, 1.0), [None] * len(m))
+            for m, n, t, q in zip(micro, passes, tok, seq, strict=True)
+        ]
+
+    @torch.no_grad()
+    def _proximal(self, parts: list[_Part]) -> None:
+        """Log-probs of every sample under the weights before the first update."""
+        for part in parts:
+            for i in range(part.passes):
+                if i < len(part.micro):
+                    part.prox[i] = self._logprobs(self.model, part.micro[i])[0]
+                else:
+                    self._logprobs(self.model, self._dummy_batch())
+
+    # ------------------------------------------------------------------ the loss
+
     def _loss(
-        self, mb: MicroBatch, scale_tok: float, scale_seq: float
+        self,
+        mb: MicroBatch,
+        logp_old: torch.Tensor | None,
+        scale_tok: float,
+        scale_seq: float,
+        version: int | None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         s = self.s
         mask = mb.response_mask
-        logp, entropy = response_logprobs(self.model, mb, s.temperature, self.suppressed)
-        logp_old = logp.detach()
-        w = truncated_is_weight(logp_old, mb.behaviour_logprobs, s.is_cap) * mask
+        logp, entropy = self._logprobs(self.model, mb)
+        prox = logp.detach() if logp_old is None else logp_old
+        w, m_is = off_policy_weights(
+            prox,
+            mb.behaviour_logprobs,
+            mask,
+            mode=s.off_policy,
+            cap=s.is_cap,
+            low=s.mask_low,
+            high=s.mask_high,
+        )
         n_tok = float(mask.sum())
         n_seq = float((mask.sum(1) > 0).sum())
         if s.loss == "ppo":
             loss, m = ppo_clip_loss(
                 logp,
-                logp_old,
+                prox,
                 mb.advantages,
                 mask,
                 eps_low=s.eps_low,
@@ -170,7 +285,7 @@ class Learner:
         else:
             loss, m = gspo_loss(
                 logp,
-                logp_old,
+                prox,
                 mb.advantages,
                 mask,
                 eps_low=s.eps_low,
@@ -180,10 +295,18 @@ class Learner:
             denom, scale = n_seq, scale_seq
         if self.ref_model is not None and s.kl_beta > 0:
             with torch.no_grad():
-                ref_logp, _ = response_logprobs(self.ref_model, mb, s.temperature, self.suppressed)
+                ref_logp, _ = self._logprobs(self.ref_model, mb)
             kl = aggregate(kl_k3(logp, ref_logp), mask, s.loss_agg)
             loss = loss + s.kl_beta * kl
             m["kl_ref"] = float(kl)
+        m.update(m_is)
+        m.update(mismatch_metrics(prox, mb.behaviour_logprobs, mask))
+        if version is not None:  # tokens sampled by the weights the trainer holds: the gap
+            same = mask * (mb.weight_versions == version).unsqueeze(-1)  # is engine vs trainer
+            if same.sum() > 0:
+                m["onpolicy_logp_diff_abs"] = float(
+                    masked_mean((prox - mb.behaviour_logprobs).abs(), same)
+                )
         m["entropy"] = float(masked_mean(entropy, mask)) if n_tok else 0.0
         m["is_weight"] = float(masked_mean(w, mask)) if n_tok else 0.0
         m["tokens"] = n_tok
@@ -191,46 +314,62 @@ class Learner:
 
     # ------------------------------------------------------------------ the step
 
-    def step(self, shard: pa.RecordBatch) -> dict[str, float]:
-        """Forward/backward over the shard in micro-batches, clip, one optimizer step."""
-        self.model.train()
-        micro = split_micro(shard, self.tokens_per_micro) if shard.num_rows else []
-        batches = [
-            collate(b, self.image_processor, image_pad_id=self.image_pad_id, pad_id=self.pad_id).to(
-                self.device
-            )
-            for b in micro
-        ]
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        n_micro = int(_all_reduce(len(batches), dist.ReduceOp.MAX))
-        tok = _all_reduce(sum(float(b.response_mask.sum()) for b in batches), dist.ReduceOp.SUM)
-        seq = _all_reduce(
-            sum(float((b.response_mask.sum(1) > 0).sum()) for b in batches), dist.ReduceOp.SUM
-        )
-        # FSDP averages gradients over ranks: multiply back by the world size, and divide by
-        # the global count so the result is the global mean of the token (sequence) losses.
-        scale_tok = world / max(tok, 1.0)
-        scale_seq = world / max(seq, 1.0)
+    def _update(self, part: _Part, version: int | None) -> tuple[dict[str, float], int]:
+        """One optimizer step over one minibatch; (summed metrics, real micro-batches)."""
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
-        real = 0
-        for i in range(n_micro):
-            mb = batches[i] if i < len(batches) else self._dummy_batch()
-            loss, m = self._loss(mb, scale_tok, scale_seq)
+        counts: dict[str, int] = {}
+        for i in range(part.passes):
+            if i < len(part.micro):
+                mb, prox = part.micro[i], part.prox[i]
+            else:
+                mb, prox = self._dummy_batch(), None
+            loss, m = self._loss(mb, prox, part.scale_tok, part.scale_seq, version)
             loss.backward()
-            if i < len(batches):
-                real += 1
+            if i < len(part.micro):
+                m["loss"] = float(loss.detach())
                 for k, v in m.items():
                     sums[k] = sums.get(k, 0.0) + v
-                sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
+                    counts[k] = counts.get(k, 0) + 1
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
-        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         self.optimizer.step()
         self.scheduler.step()
-        metrics = {k: (v if k in ("tokens", "loss") else v / max(real, 1)) for k, v in sums.items()}
-        metrics["loss"] = _all_reduce(metrics.get("loss", 0.0), dist.ReduceOp.SUM) / world
-        metrics["tokens"] = tok  # response tokens of the step, all ranks
-        metrics["grad_norm"] = grad_norm
-        metrics["micro_batches"] = float(n_micro)
+        sums["grad_norm"] = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        counts["grad_norm"] = 1
+        return sums, counts  # type: ignore[return-value]
+
+    def step(self, shard: pa.RecordBatch, version: int | None = None) -> dict[str, float]:
+        """`ppo_epochs` x `minibatches` optimizer steps on the shard; the metrics, averaged
+        over its micro-batches and updates (`tokens` and `loss` summed per update).
+
+        `version`: the published version the trainer's weights are right now, if they are
+        one (then `onpolicy_logp_diff_abs` measures engine vs trainer on its samples)."""
+        self.model.train()
+        parts = self._parts(shard)
+        updates = self.s.ppo_epochs * len(parts)
+        if updates > 1:
+            self._proximal(parts)
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        sums: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        last_clip = 0.0
+        for epoch in range(self.s.ppo_epochs):
+            for part in parts:
+                s, c = self._update(part, version if epoch == 0 else None)
+                for k, v in s.items():
+                    sums[k] = sums.get(k, 0.0) + v
+                    counts[k] = counts.get(k, 0) + c[k]
+                if "clip_frac" in s:
+                    last_clip = s["clip_frac"] / c["clip_frac"]
+        metrics = {k: v / max(counts[k], 1) for k, v in sums.items()}
+        metrics["loss"] = _all_reduce([sums.get("loss", 0.0)], dist.ReduceOp.SUM)[0] / (
+            world * updates
+        )
+        metrics["tokens"] = _all_reduce(
+            [sum(float(b.response_mask.sum()) for p in parts for b in p.micro)], dist.ReduceOp.SUM
+        )[0]  # response tokens of the batch, all ranks
+        metrics["clip_frac_last"] = last_clip
+        metrics["updates"] = float(updates)
+        metrics["micro_batches"] = float(sum(p.passes for p in parts))
         metrics["lr"] = float(self.scheduler.get_last_lr()[0])
         return metrics

@@ -44,7 +44,7 @@ from dart_ray.models.loading import PolicyProcessor, load_model
 from dart_ray.store import Claim, Store, open_store
 from dart_ray.train.checkpointing import TrainerState, read_trainer_state, save_checkpoint
 from dart_ray.train.fsdp import comm_device, full_state_dict, shard_model
-from dart_ray.train.learner import Learner, LossSettings
+from dart_ray.train.learner import Learner, loss_settings
 from dart_ray.weights import pack
 
 log = logging.getLogger(__name__)
@@ -176,16 +176,7 @@ def _learner(
         processor.image_processor,
         image_pad_id=processor.image_pad_id,
         pad_id=processor.pad_id,
-        settings=LossSettings(
-            loss=c.algo.loss,
-            eps_low=c.algo.eps_low,
-            eps_high=c.algo.eps_high,
-            dual_clip=c.algo.dual_clip,
-            is_cap=c.algo.is_cap,
-            kl_beta=c.algo.kl_beta,
-            loss_agg=c.algo.loss_agg,
-            temperature=c.policy.temperature if c.policy.temperature > 0 else 1.0,
-        ),
+        settings=loss_settings(c),
         lr=c.train.lr,
         weight_decay=c.train.weight_decay,
         grad_clip=c.train.grad_clip,
@@ -266,7 +257,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             break
         shard, info = res
         t0 = time.monotonic()
-        metrics = learner.step(shard)
+        metrics = learner.step(shard, version if step == synced_step else None)
         metrics["step_s"] = time.monotonic() - t0
         if pub is not None:
             pub.hold(step, info.claims)

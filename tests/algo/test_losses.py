@@ -11,6 +11,8 @@ from dart_ray.algo.losses import (
     aggregate,
     gspo_loss,
     kl_k3,
+    mismatch_metrics,
+    off_policy_weights,
     ppo_clip_loss,
     truncated_is_weight,
 )
@@ -111,3 +113,100 @@ def test_gspo_uses_the_sequence_ratio() -> None:
     )
     assert loss.item() == pytest.approx((-1.28 + 1.0) / 2)
     assert m["clip_frac"] == pytest.approx(0.5)
+
+
+def test_off_policy_token_tis() -> None:
+    # r = pi_prox / pi_behaviour = [0.5, 1, 3, 0] (the last token: the trainer's top-p left it
+    # out, log-prob floor); cap 2 -> w = [0.5, 1, 2, 0]; one of 4 capped, one dropped
+    prox = torch.tensor([[LN(0.5), 0.0, LN(3.0), -1e4]])
+    beh = torch.zeros(1, 4)
+    w, m = off_policy_weights(prox, beh, torch.ones(1, 4), mode="token_tis", cap=2.0)
+    assert w.tolist()[0] == pytest.approx([0.5, 1.0, 2.0, 0.0])
+    assert m == pytest.approx({"is_capped_frac": 0.25, "is_masked_frac": 0.25})
+
+
+def test_off_policy_token_mask_icepop() -> None:
+    # band [0.5, 2]: r = [0.4, 0.5, 1.5, 2.5] -> keep r inside, 0 outside -> [0, 0.5, 1.5, 0];
+    # the padding token (mask 0) gets 0 whatever its ratio and does not count
+    prox = torch.tensor([[LN(0.4), LN(0.5), LN(1.5), LN(2.5), 5.0]])
+    mask = torch.tensor([[1, 1, 1, 1, 0]])
+    w, m = off_policy_weights(prox, torch.zeros(1, 5), mask, mode="token_mask", low=0.5, high=2.0)
+    assert w.tolist()[0] == pytest.approx([0.0, 0.5, 1.5, 0.0, 0.0])
+    assert m["is_masked_frac"] == pytest.approx(0.5) and m["is_capped_frac"] == 0
+
+
+def test_off_policy_sequence_mask() -> None:
+    # sequence 0: log-ratios [ln 4, 0] -> geometric mean sqrt(4 * 1) = 2 -> inside [0.5, 2.5]:
+    #   every token weighs 2;
+    # sequence 1: log-ratios [ln 9, ln 9, 0] -> (81)^(1/3) = 4.327 -> outside: dropped.
+    # Real tokens 5, dropped 3 -> masked fraction 3 / 5.
+    prox = torch.tensor([[LN(4.0), 0.0, 0.0], [LN(9.0), LN(9.0), 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    w, m = off_policy_weights(prox, torch.zeros(2, 3), mask, mode="seq_mask", low=0.5, high=2.5)
+    assert w.flatten().tolist() == pytest.approx([2.0, 2.0, 0.0, 0.0, 0.0, 0.0])
+    assert m["is_masked_frac"] == pytest.approx(3 / 5)
+
+
+def test_mismatch_metrics() -> None:
+    # d = prox - behaviour = [ln 2, -ln 2]: mean |d| = ln 2 = 0.6931;
+    # k3 = e^d - d - 1: [2 - ln 2 - 1, 0.5 + ln 2 - 1] -> mean = (1 - ln2 + ln2 - 0.5) / 2 = 0.25
+    m = mismatch_metrics(torch.tensor([[LN(2.0), -LN(2.0)]]), torch.zeros(1, 2), torch.ones(1, 2))
+    assert m == pytest.approx({"logp_diff_abs": LN(2.0), "mismatch_kl_k3": 0.25})
+
+
+def test_ppo_clipped_tokens_carry_no_gradient_and_weights_scale_the_rest() -> None:
+    # proximal log-probs differ from current ones (a second update on the same batch):
+    # A = +1, ratios [1.5, 1.1, 0.5], eps 0.2/0.2 -> token 0 clipped (1.5 > 1.2), no gradient;
+    # tokens 1, 2 unclipped: d(-w r)/d logp = -w r with w = [1, 0.5, 2]:
+    #   token 1: -0.5 * 1.1 / 3 = -0.18333 ; token 2: -2 * 0.5 / 3 = -0.33333
+    logp_old = torch.zeros(1, 3)
+    logp = torch.tensor([[LN(1.5), LN(1.1), LN(0.5)]], requires_grad=True)
+    w = torch.tensor([[1.0, 0.5, 2.0]])
+    loss, m = ppo_clip_loss(
+        logp,
+        logp_old,
+        torch.tensor([1.0]),
+        torch.ones(1, 3),
+        eps_low=0.2,
+        eps_high=0.2,
+        is_weight=w,
+    )
+    # loss = -(1.2 * 1 + 1.1 * 0.5 + 0.5 * 2) / 3 = -2.75 / 3
+    assert loss.item() == pytest.approx(-2.75 / 3)
+    assert m["clip_frac"] == pytest.approx(1 / 3)
+    loss.backward()
+    assert logp.grad.tolist()[0] == pytest.approx([0.0, -0.55 / 3, -1.0 / 3])  # type: ignore[union-attr]
+
+
+def test_ppo_ratio_stays_finite_when_the_proximal_policy_gave_no_mass() -> None:
+    # proximal log-prob at the floor (-1e4) and IS weight 0: the loss and gradient are 0, not nan
+    logp = torch.tensor([[0.0]], requires_grad=True)
+    loss, _ = ppo_clip_loss(
+        logp,
+        torch.tensor([[-1e4]]),
+        torch.tensor([-1.0]),
+        torch.ones(1, 1),
+        eps_low=0.2,
+        eps_high=0.2,
+        dual_clip=None,
+        is_weight=torch.zeros(1, 1),
+    )
+    loss.backward()
+    assert loss.item() == 0.0 and float(logp.grad) == 0.0  # type: ignore[arg-type]
+
+
+def test_gspo_sequence_weight_uses_the_kept_tokens() -> None:
+    # token weights [2, 0 (masked), 0.5] -> geometric mean over kept tokens sqrt(2 * 0.5) = 1;
+    # ratio 1, A = +1 -> loss = -1 * 1 = -1; a sequence with every token masked weighs 0
+    logp = torch.zeros(2, 3)
+    w = torch.tensor([[2.0, 0.0, 0.5], [0.0, 0.0, 0.0]])
+    loss, _ = gspo_loss(
+        logp,
+        torch.zeros(2, 3),
+        torch.tensor([1.0, 1.0]),
+        torch.ones(2, 3),
+        eps_low=0.1,
+        eps_high=0.1,
+        is_weight=w,
+    )
+    assert float(loss) == pytest.approx(-1.0 / 2)

@@ -12,6 +12,7 @@ from dart_ray.engines.base import Generation, SamplingParams
 from dart_ray.engines.hf import HFEngine
 from dart_ray.models.tiny import SPECIAL_TOKENS
 from dart_ray.weights import pack
+from tests.engines.sampling_stats import check_samples
 from tests.policy_helpers import GREEDY, png, request
 
 
@@ -151,19 +152,96 @@ def test_updates_are_versioned_and_in_place(tiny_model_dir: Path, weights_load: 
         asyncio.run(e.update_weights(0, pack(new)))
 
 
-def test_top_p_and_recorder_on_hand_numbers() -> None:
-    from dart_ray.engines.hf import _Recorder, _TopP
+def _first_token_distribution(
+    engine: HFEngine, req, temperature: float, top_k: int = 0, top_p: float = 1.0
+) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """(V,) the distribution of the first response token, built by hand from the logits."""
+    enc = engine.processor.encode(req.messages)
+    ids = torch.tensor([list(enc.input_ids)])
+    with torch.no_grad():
+        z = (
+            engine.model(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                pixel_values=enc.pixel_values,
+                image_grid_thw=enc.image_grid_thw,
+            )
+            .logits[0, -1]
+            .float()
+        )
+    z[engine.suppressed] = -float("inf")
+    z = z / temperature
+    if top_k:
+        z[z < z.sort(descending=True).values[top_k - 1]] = -float("inf")
+    if top_p < 1:
+        p = z.softmax(-1)
+        sorted_p, order = p.sort(descending=True)
+        drop = (sorted_p.cumsum(0) - sorted_p) >= top_p
+        z[order[drop]] = -float("inf")
+    return z.softmax(-1)
 
-    # p = [0.5, 0.3, 0.15, 0.05], top_p 0.8: the mass before token 2 is 0.8 >= 0.8, so tokens
-    # 2 and 3 go; the rest renormalise to [0.5, 0.3] / 0.8 = [0.625, 0.375].
-    scores = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
-    kept = _TopP(0.8)(torch.zeros(1, 1, dtype=torch.long), scores)
-    assert kept.softmax(-1).tolist()[0] == pytest.approx([0.625, 0.375, 0.0, 0.0])
-    # the recorder: entropy of [0.625, 0.375] = -(0.625 ln 0.625 + 0.375 ln 0.375) = 0.6616;
-    # then token 1 is "sampled": log 0.375 = -0.9808. A uniform 4-way step: ln 4 = 1.3863.
-    rec = _Recorder()
-    rec(torch.zeros(1, 1, dtype=torch.long), kept)
-    rec(torch.tensor([[0, 1]]), torch.zeros(1, 4))
-    logprobs, entropy = rec.finish(torch.tensor([3]))
-    assert entropy.tolist()[0] == pytest.approx([0.6616, 1.3863], abs=1e-4)
-    assert logprobs.tolist()[0] == pytest.approx([-0.9808, -1.3863], abs=1e-4)
+
+def _first_tokens(engine: HFEngine, req, sp: SamplingParams, n: int) -> tuple[list, list]:  # type: ignore[no-untyped-def]
+    enc = engine.processor.encode(req.messages)
+    tokens, logprobs = [], []
+    for _ in range(n // 500):
+        for g in engine.generate_sync([enc] * 500, [sp] * 500, 0):
+            tokens.append(g.response_ids[0])
+            logprobs.append(g.logprobs[0])
+    return tokens, logprobs
+
+
+def _with_generation_defaults(tiny_model_dir: Path, tmp_path: Path) -> Path:
+    """The tiny model with a checkpoint's own sampling defaults, as Qwen's models ship them
+    (transformers fills every unset generation field from these)."""
+    import json
+    import shutil
+
+    out = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, out)
+    cfg = json.loads((out / "generation_config.json").read_text())
+    cfg.update(do_sample=True, top_k=5, top_p=0.5, temperature=0.2, repetition_penalty=1.3)
+    (out / "generation_config.json").write_text(json.dumps(cfg))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "top_p"),
+    [(3.0, 0, 1.0), (1.5, 120, 0.95)],
+    ids=["flat", "top-k-and-top-p"],
+)
+@pytest.mark.parametrize("defaults", ["plain", "checkpoint-defaults"])
+def test_sampled_frequencies_match_the_recorded_distribution(
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    defaults: str,
+) -> None:
+    """3,000 first tokens of one prompt, sampled through the engine, against the distribution
+    built by hand: recorded log-probs equal it, frequencies pass a chi-square test, and tokens
+    ranked 50 and beyond appear as often as their mass says (at temperature 3 that mass is
+    most of the distribution; transformers' default top-k of 50 once sampled none of them).
+    With a checkpoint that ships its own sampling defaults, nothing changes."""
+    model_dir = tiny_model_dir
+    if defaults == "checkpoint-defaults":
+        model_dir = _with_generation_defaults(tiny_model_dir, tmp_path)
+    engine = HFEngine(model_dir)
+    torch.manual_seed(0)
+    req = request()
+    sp = SamplingParams(temperature, top_p, max_new_tokens=1, top_k=top_k)
+    tokens, logprobs = _first_tokens(engine, req, sp, 3000)
+    p = _first_token_distribution(engine, req, temperature, top_k, top_p)
+    stats = check_samples(tokens, logprobs, p)
+    if temperature == 3.0:
+        assert stats["tail_mass"] > 0.5  # the test has teeth: most mass lies beyond rank 50
+
+
+def test_greedy_ignores_checkpoint_defaults(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A repetition penalty in the checkpoint's generation config must not change answers."""
+    req = request()
+    plain = _run(HFEngine(tiny_model_dir), [req])[0]
+    rigged = _run(HFEngine(_with_generation_defaults(tiny_model_dir, tmp_path)), [req])[0]
+    assert plain.response_ids == rigged.response_ids
+    assert plain.logprobs == pytest.approx(rigged.logprobs, abs=1e-5)

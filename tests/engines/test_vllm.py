@@ -135,3 +135,60 @@ def test_checkpoint_names_are_the_saved_layout() -> None:
         checkpoint_name("model.visual.patch_embed.proj.weight") == "visual.patch_embed.proj.weight"
     )
     assert checkpoint_name("lm_head.weight") == "lm_head.weight"
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "top_p"),
+    [(2.0, 0, 1.0), (1.5, 120, 0.95)],
+    ids=["flat", "top-k-and-top-p"],
+)
+def test_sampled_frequencies_match_the_recorded_distribution(
+    vllm_engine: VLLMEngine,
+    tiny_model_dir: Path,
+    loop: asyncio.AbstractEventLoop,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+) -> None:
+    """3,000 first tokens of one prompt through vLLM (temperature 2 is its maximum): the log-probs it records (processed
+    mode, whole vocabulary) describe the distribution its tokens are drawn from (chi-square,
+    the mass beyond rank 50), and that distribution is the one built by hand from the
+    transformers logits (temperature, top-k, top-p), to float noise."""
+    from tests.engines.sampling_stats import check_samples
+
+    sp = SamplingParams(temperature, top_p, max_new_tokens=1, top_k=top_k)
+    req = REQUESTS[0]
+    gens = _gen(vllm_engine, loop, [req] * 3000, sp)
+    first = gens[0]
+    # the whole processed distribution of the first token, as vLLM returns it (logprobs -1)
+    prepared = vllm_engine.prepare(req, sp)
+
+    async def distribution() -> dict[int, float]:
+        prompt = {
+            "prompt": prepared.prompt_text,
+            "multi_modal_data": {"image": list(prepared.images)},
+        }
+        final = None
+        async for out in vllm_engine.llm.generate(prompt, vllm_engine._params(sp), "dist"):
+            final = out
+        assert final is not None
+        return {t: lp.logprob for t, lp in final.outputs[0].logprobs[0].items()}
+
+    dist = loop.run_until_complete(distribution())
+    p = torch.zeros(len(vllm_engine.processor.tokenizer), dtype=torch.float64)
+    for tok, lp in dist.items():
+        p[tok] = torch.tensor(lp, dtype=torch.float64).exp()
+    tokens = [g.response_ids[0] for g in gens]
+    stats = check_samples(tokens, [g.logprobs[0] for g in gens], p)
+    hf = HFEngine(tiny_model_dir)
+    z = _logits(hf, req, first)[0].double() / temperature
+    if top_k:
+        z[z < z.sort(descending=True).values[top_k - 1]] = -float("inf")
+    if top_p < 1:
+        q = z.softmax(-1)
+        sorted_q, order = q.sort(descending=True)
+        z[order[(sorted_q.cumsum(0) - sorted_q) >= top_p]] = -float("inf")
+    want = z.softmax(-1)
+    assert 0.5 * (p - want).abs().sum() < 0.01  # total variation, vLLM vs transformers
+    if temperature == 2.0:  # vLLM's highest; most of the mass still lies beyond rank 50
+        assert stats["tail_mass"] > 0.4

@@ -22,9 +22,10 @@ def policy_trajectories(
     rewards: list[float],
     version: int = 0,
     max_new_tokens: int = 6,
+    sampling: SamplingParams | None = None,
 ) -> list[Trajectory]:
     """One GRPO group: one single-step trajectory per reward, sampled from `engine`."""
-    sampling = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens)
+    sampling = sampling or SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens)
     out = []
     for i, reward in enumerate(rewards):
         shot = png((40 * i % 256, 90, 160), box=10 + 7 * i)

@@ -8,12 +8,16 @@ import pyarrow as pa
 import pytest
 import torch
 
+from dart_ray.algo.losses import ppo_clip_loss
+from dart_ray.algo.sampling import SamplingSpec
+from dart_ray.config import load_config
 from dart_ray.data.batches import to_record_batch
 from dart_ray.data.curation import split_steps
+from dart_ray.engines.base import SamplingParams
 from dart_ray.engines.hf import HFEngine
 from dart_ray.models.loading import PolicyProcessor, load_model
 from dart_ray.train.forward import BatchError, collate, response_logprobs
-from dart_ray.train.learner import Learner, LossSettings, split_micro
+from dart_ray.train.learner import Learner, LossSettings, loss_settings, split_micro
 from tests.policy_helpers import png
 from tests.train.rollouts import policy_trajectories
 
@@ -23,26 +27,46 @@ def engine(tiny_model_dir: Path) -> HFEngine:
     return HFEngine(tiny_model_dir)
 
 
-def samples(engine: HFEngine, advantages: list[float]) -> pa.RecordBatch:
-    trajs = policy_trajectories(engine, "run", "t", 0, [0.0] * len(advantages))
+def samples(
+    engine: HFEngine, advantages: list[float], sampling: SamplingParams | None = None
+) -> pa.RecordBatch:
+    trajs = policy_trajectories(engine, "run", "t", 0, [0.0] * len(advantages), sampling=sampling)
     return to_record_batch(
         [s for t, a in zip(trajs, advantages, strict=True) for s in split_steps(t, a)]
     )
 
 
-def test_trainer_logprobs_match_the_engine(engine: HFEngine, tiny_model_dir: Path) -> None:
-    """The trainer recomputes the behaviour log-probs the engine logged (same weights, same
-    suppressed tokens, temperature 1): this is what makes the importance ratio 1 on-policy."""
-    batch = samples(engine, [1.0, -1.0, 0.5])
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "top_p"),
+    [(1.0, 0, 1.0), (0.7, 0, 0.8), (1.3, 20, 1.0), (0.9, 40, 0.9), (2.0, 0, 0.5)],
+)
+def test_trainer_logprobs_match_the_engine(
+    engine: HFEngine, tiny_model_dir: Path, temperature: float, top_k: int, top_p: float
+) -> None:
+    """For every sampling setting the config accepts, the trainer recomputes the behaviour
+    log-probs the engine logged (same weights, same suppressed tokens, same temperature, top-k
+    and top-p): what makes the importance ratio 1 on-policy. The settings come from the
+    config as a run builds them (`loss_settings`)."""
+    torch.manual_seed(1)
+    cfg = load_config(
+        None,
+        [f"policy.temperature={temperature}", f"policy.top_k={top_k}", f"policy.top_p={top_p}"],
+    )
+    sp = SamplingParams(temperature, top_p, 12, top_k=top_k)
+    batch = samples(engine, [1.0, -1.0, 0.5, 0.2], sp)
     proc = PolicyProcessor.from_dir(tiny_model_dir)
     model = load_model(tiny_model_dir)
     mb = collate(batch, proc.image_processor, image_pad_id=proc.image_pad_id, pad_id=proc.pad_id)
     suppressed = torch.tensor(proc.suppressed_ids())
     with torch.no_grad():
-        logp, ent = response_logprobs(model, mb, 1.0, suppressed)
+        logp, ent = response_logprobs(model, mb, loss_settings(cfg).sampling, suppressed)
     mask = mb.response_mask.bool()
     assert torch.allclose(logp[mask], mb.behaviour_logprobs[mask], atol=1e-4)
     assert (ent[mask] > 0).all() and (ent[~mask] == 0).all()
+    if top_p < 1 or top_k:  # the untruncated distribution differs: the check has teeth
+        with torch.no_grad():
+            plain, _ = response_logprobs(model, mb, SamplingSpec(temperature), suppressed)
+        assert not torch.allclose(plain[mask], mb.behaviour_logprobs[mask], atol=1e-3)
 
 
 def test_the_image_reaches_the_trainer(engine: HFEngine, tiny_model_dir: Path) -> None:
@@ -105,13 +129,13 @@ def test_learner_moves_logprobs_with_the_advantage_sign(
     )
     mb = collate(batch, proc.image_processor, image_pad_id=proc.image_pad_id, pad_id=proc.pad_id)
     with torch.no_grad():
-        before, _ = response_logprobs(model, mb, 1.0, learner.suppressed)
+        before, _ = response_logprobs(model, mb, None, learner.suppressed)
     for _ in range(3):
         metrics = learner.step(batch)
     assert metrics["micro_batches"] == 2.0  # 40-token budget: one sample per micro-batch
     model.eval()
     with torch.no_grad():
-        after, _ = response_logprobs(model, mb, 1.0, learner.suppressed)
+        after, _ = response_logprobs(model, mb, None, learner.suppressed)
     gain = (after - before).sum(1)
     assert gain[0] > 0 > gain[1]  # the positive-advantage response became likelier
 
@@ -155,6 +179,63 @@ def test_padding_with_a_suppressed_id_never_makes_nan(
     assert proc.pad_id in proc.suppressed_ids()
     model = load_model(tiny_model_dir)
     mb = collate(batch, proc.image_processor, image_pad_id=proc.image_pad_id, pad_id=proc.pad_id)
-    logp, ent = response_logprobs(model, mb, 1.0, torch.tensor(proc.suppressed_ids()))
+    logp, ent = response_logprobs(model, mb, None, torch.tensor(proc.suppressed_ids()))
     assert torch.isfinite(logp).all() and torch.isfinite(ent).all()
     assert logp[1, 1:].abs().sum() == 0
+
+
+def _learner(model: torch.nn.Module, proc: PolicyProcessor, **settings: object) -> Learner:
+    return Learner(
+        model,
+        proc.image_processor,
+        image_pad_id=proc.image_pad_id,
+        pad_id=proc.pad_id,
+        settings=LossSettings(**settings),  # type: ignore[arg-type]
+        lr=3e-2,
+        suppressed_ids=proc.suppressed_ids(),
+    )
+
+
+def test_the_trust_region_binds_with_several_updates_per_batch(
+    engine: HFEngine, tiny_model_dir: Path
+) -> None:
+    """Two epochs of two minibatches at a high learning rate: from the second update on the
+    current policy has left the proximal one, so tokens get clipped, and a clipped token
+    carries no gradient. The engine's samples were drawn by the trainer's starting weights,
+    so the on-policy gap between the two is float noise."""
+    torch.manual_seed(0)
+    batch = samples(engine, [1.0, -1.0, 1.0, -1.0])
+    proc = PolicyProcessor.from_dir(tiny_model_dir)
+    model = load_model(tiny_model_dir)
+    learner = _learner(model, proc, ppo_epochs=2, minibatches=2, eps_low=0.05, eps_high=0.05)
+    mb = collate(batch, proc.image_processor, image_pad_id=proc.image_pad_id, pad_id=proc.pad_id)
+    with torch.no_grad():
+        prox, _ = response_logprobs(model, mb, None, learner.suppressed)
+    metrics = learner.step(batch, version=0)
+    assert metrics["updates"] == 4
+    assert metrics["clip_frac"] > 0 and metrics["clip_frac_last"] > 0
+    assert metrics["onpolicy_logp_diff_abs"] < 1e-4
+    # the loss of the next update, on the real model: clipped tokens get exactly no gradient
+    logp, _ = response_logprobs(model, mb, None, learner.suppressed)
+    logp.retain_grad()
+    mask = mb.response_mask
+    adv = mb.advantages
+    loss, m = ppo_clip_loss(logp, prox, adv, mask, eps_low=0.05, eps_high=0.05, dual_clip=None)
+    loss.backward()
+    ratio = torch.exp(logp.detach() - prox)
+    a = adv.unsqueeze(-1)
+    clipped = mask.bool() & (((a > 0) & (ratio > 1.05)) | ((a < 0) & (ratio < 0.95)))
+    free = mask.bool() & ~clipped
+    assert clipped.any() and free.any() and m["clip_frac"] > 0
+    assert (logp.grad[clipped] == 0).all()  # type: ignore[index]
+    assert (logp.grad[free] != 0).all()  # type: ignore[index]
+
+
+def test_one_update_per_batch_never_clips(engine: HFEngine, tiny_model_dir: Path) -> None:
+    """One optimizer step per batch: the proximal policy is the current one at the gradient,
+    so the ratio is exactly 1 and the clip cannot bind (the case the docs warn about)."""
+    batch = samples(engine, [1.0, -1.0])
+    proc = PolicyProcessor.from_dir(tiny_model_dir)
+    metrics = _learner(load_model(tiny_model_dir), proc).step(batch)
+    assert metrics["updates"] == 1 and metrics["clip_frac"] == 0
+    assert metrics["ratio_mean"] == pytest.approx(1.0)
