@@ -50,6 +50,7 @@ def settings_from_config(config: Config, run_id: str, num_ranks: int) -> Curator
         group_size=cur.group_size,
         min_group=cur.min_group,
         group_timeout_s=cur.group_timeout_s,
+        group_abandon_s=cur.group_abandon_s,
         groups_per_step=cur.groups_per_step,
         max_staleness=cur.max_staleness,
         queue_depth=cur.queue_depth,
@@ -174,7 +175,9 @@ class Curator:
         deadline = None if timeout_s is None else loop.time() + timeout_s
         while step not in self._bound:
             async with self._lock:
-                ts = self.core.take_step() if step not in self._bound else None
+                ts = None
+                if step not in self._bound:  # hand-out may drop stale steps: log I/O
+                    ts = await asyncio.to_thread(self.core.take_step)
                 if ts is not None:
                     self._bound[step] = ts
             if step in self._bound:

@@ -315,6 +315,9 @@ class CurationConfig(_Section):
     """Smallest group trained when the group timeout passes."""
     group_timeout_s: float = Field(default=120.0, gt=0)
     """Seconds to wait for a full group before training a partial one."""
+    group_abandon_s: float = Field(default=600.0, gt=0)
+    """Seconds after which a group still below min_group is dropped (reason
+    `group_incomplete`): its missing members are lost, and holding it would hold its rows."""
     max_staleness: int = Field(default=2, ge=0)
     """Drop trajectories whose oldest step is more than this many versions behind."""
     success_replay: bool = True

@@ -9,6 +9,12 @@ the trainer's optimizer step that used them (the trainer does it, once those wei
 a durable checkpoint); rows dropped during curation are settled at once with their reason.
 The curator renews the leases of rows it holds; once a step is handed out, its trainer
 renews them. A dead curator's or trainer's rows return to the pool when their lease ends.
+
+Staleness is enforced wherever a row waits, not only in the log: every poll drops (reason
+`stale`) a pending group, a curated group or a queued step that holds a row older than
+`version - max_staleness`, and `take_step` checks again at hand-out, so no sample older than
+the bound reaches a gradient. A group that stays below `min_group` for `group_abandon_s` is
+dropped (`group_incomplete`) rather than held forever.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ class CuratorSettings:
     group_size: int = 8
     min_group: int = 2
     group_timeout_s: float = 120.0
+    group_abandon_s: float = 600.0
     groups_per_step: int = 4
     max_staleness: int = 2
     queue_depth: int = 2
@@ -59,6 +66,8 @@ class TrainStep:
     num_samples: int
     num_groups: int
     mean_reward: float
+    min_version: int = 0
+    """The oldest weight version among the step's rows (the staleness check at hand-out)."""
 
 
 @dataclass
@@ -83,13 +92,14 @@ class CuratorCore:
         self.log = log_
         self.blobs = blobs
         self.s = settings
-        self.groups = GroupBuffer(settings.group_size, settings.min_group, settings.group_timeout_s)
+        self.groups = self._group_buffer()
         self.version = 0
         self.queue: deque[TrainStep] = deque()
         self.in_flight: dict[int, TrainStep] = {}
         self.metrics = CuratorMetrics()
         self._claims: dict[int, Claim] = {}  # row id -> the claim holding it
         self._trajectories: dict[int, Trajectory] = {}  # row id -> loaded trajectory
+        self._versions: dict[int, int] = {}  # row id -> the version that generated it
         self._ready: list[GroupOutcome] = []  # curated, trainable, waiting for a step
         self._next_step = 0
         self._last_renew = time.monotonic()
@@ -106,6 +116,9 @@ class CuratorCore:
         claimed = 0
         if len(self.queue) < self.s.queue_depth:
             claimed = self._claim(now)
+        for rows in self.groups.pop_abandoned(now):
+            self._settle_drops([r.id for r in rows], "group_incomplete")
+        self._drop_stale_held()
         self._form_steps(now)
         if now - self._last_renew > self.s.lease_s / 3:
             self._renew()
@@ -127,6 +140,7 @@ class CuratorCore:
         )
         for row in claim.rows:
             self._claims[row.id] = claim
+            self._versions[row.id] = row.version_num
             self.metrics.staleness[self.version - row.version_num] += 1
             try:
                 self._trajectories[row.id] = self.blobs.read(row.uri)
@@ -183,6 +197,7 @@ class CuratorCore:
                 num_samples=len(samples),
                 num_groups=len(outs),
                 mean_reward=sum(rewards) / len(rewards),
+                min_version=min(self._versions[r] for r in rows),
             )
             self.queue.append(step)
             self.metrics.steps_formed += 1
@@ -196,6 +211,7 @@ class CuratorCore:
         From here the trainer owns the step's rows: it renews their leases and acknowledges
         them once the weights they trained are durable. The curator stops renewing them and
         only remembers the step, to `release` it if its trainer goes away."""
+        self._drop_stale_queued()
         if not self.queue:
             return None
         step = self.queue.popleft()
@@ -250,9 +266,10 @@ class CuratorCore:
             n += self.log.release(c, ids)
         self._claims.clear()
         self._trajectories.clear()
+        self._versions.clear()
         self.queue.clear()
         self._ready.clear()
-        self.groups = GroupBuffer(self.s.group_size, self.s.min_group, self.s.group_timeout_s)
+        self.groups = self._group_buffer()
         self._update_gauges()
         return n
 
@@ -261,7 +278,58 @@ class CuratorCore:
         """Steps handed to a trainer so far (the next step's number)."""
         return self._next_step
 
+    # ------------------------------------------------------------------ staleness
+
+    @property
+    def min_version(self) -> int:
+        """The oldest version a row may come from to reach a gradient now."""
+        return self.version - self.s.max_staleness
+
+    def _drop_stale_held(self) -> None:
+        """Drop every held row older than the bound, wherever it waits: a group still
+        filling, a curated group, a queued step (each as a whole, so a GRPO group is never
+        trained with part of its members)."""
+        lo = self.min_version
+        for rows in self.groups.pop_where(lambda p: any(r.version_num < lo for r in p.rows)):
+            self._settle_drops([r.id for r in rows], "stale")
+        fresh = []
+        for out in self._ready:
+            if any(self._versions[r] < lo for r in out.trained_rows):
+                self._settle_drops(out.trained_rows, "stale")
+            else:
+                fresh.append(out)
+        self._ready = fresh
+        self._drop_stale_queued()
+
+    def _drop_stale_queued(self) -> None:
+        lo = self.min_version
+        while any(st.min_version < lo for st in self.queue):
+            keep: deque[TrainStep] = deque()
+            for st in self.queue:
+                if st.min_version < lo:
+                    self._settle_drops(st.rows, "stale")
+                else:
+                    keep.append(st)
+            self.queue = keep
+
     # ------------------------------------------------------------------ helpers
+
+    def _group_buffer(self) -> GroupBuffer:
+        s = self.s
+        return GroupBuffer(s.group_size, s.min_group, s.group_timeout_s, s.group_abandon_s)
+
+    def _settle_drops(self, rids: list[int], reason: str) -> None:
+        """Drop rows this curator holds, one log transaction per claim."""
+        by_claim: dict[str, tuple[Claim, list[int]]] = {}
+        for rid in rids:
+            if rid in self._claims:
+                c = self._claims[rid]
+                by_claim.setdefault(c.claim_id, (c, []))[1].append(rid)
+        for c, ids in by_claim.values():
+            self.log.drop(c, ids, reason)
+            self.metrics.dropped[reason] += len(ids)
+            for rid in ids:
+                self._forget(rid)
 
     def _sub_claims(self, rows: list[int]) -> list[Claim]:
         by_claim: dict[str, list[int]] = {}
@@ -283,6 +351,7 @@ class CuratorCore:
     def _forget(self, rid: int) -> None:
         self._claims.pop(rid, None)
         self._trajectories.pop(rid, None)
+        self._versions.pop(rid, None)
 
     def _renew(self) -> None:
         claims = {c.claim_id: c for c in self._claims.values()}

@@ -4,11 +4,14 @@ A group is one rollout round of one task (`group_id`, stamped by the rollouter, 
 `group_size` slots). It is complete when every slot has a final trajectory: OK, TRUNCATED or
 ENV_ERROR (retries that ended ABORTED ride along but do not fill a slot). Rows logged without
 a group id fall back to grouping by task with the configured size. A group that waits longer
-than the timeout is released partial if it has at least `min_group` final members.
+than the timeout is released partial if it has at least `min_group` final members; one that
+still has fewer after `abandon_s` is given up (`pop_abandoned`: the curator drops its rows
+with the reason `group_incomplete`, instead of holding them forever).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dart_ray.records import Status
@@ -27,10 +30,13 @@ class _Pending:
 
 
 class GroupBuffer:
-    def __init__(self, default_size: int, min_group: int, timeout_s: float) -> None:
+    def __init__(
+        self, default_size: int, min_group: int, timeout_s: float, abandon_s: float = float("inf")
+    ) -> None:
         self.default_size = default_size
         self.min_group = min_group
         self.timeout_s = timeout_s
+        self.abandon_s = abandon_s
         self._pending: dict[str, _Pending] = {}
 
     @staticmethod
@@ -54,6 +60,18 @@ class GroupBuffer:
             ):
                 ready.append(k)
         return [self._pending.pop(k).rows for k in ready]
+
+    def pop_abandoned(self, now: float) -> list[list[LogRow]]:
+        """Groups that waited `abandon_s` and are still below `min_group`: they will never
+        train (their other members are lost or were dropped)."""
+        return self.pop_where(
+            lambda p: now - p.first_seen >= self.abandon_s and p.final < self.min_group
+        )
+
+    def pop_where(self, pred: Callable[[_Pending], bool]) -> list[list[LogRow]]:
+        """Remove and return the rows of every pending group matching `pred`."""
+        gone = [k for k, p in self._pending.items() if pred(p)]
+        return [self._pending.pop(k).rows for k in gone]
 
     def pending_rows(self) -> list[LogRow]:
         return [r for p in self._pending.values() for r in p.rows]

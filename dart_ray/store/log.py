@@ -11,7 +11,10 @@ so concurrent claimers never wait on each other and never get the same row; one 
 transaction on SQLite). Every transition also writes a row to the append-only
 `dataset_usage_events`, from which exactly-once consumption can be audited. A claim holds its
 rows for a lease; a claimer that dies before acknowledging leaves them to expire back into the
-pool, and its late ack (if it ever comes) is refused, so no row is trained twice.
+pool, and its late ack (if it ever comes) is refused, so no row is trained twice. Leases are
+set and checked on the database's clock (`db_now`), never a client's: claimers on machines
+whose clocks disagree by a minute still agree on when a lease ends. A settle (ack, drop) of
+a row whose lease has passed is refused even before any sweep has returned the row.
 
 Every write is idempotent under retry: appends are keyed by (trajectory_id, run_id), claims by
 their claim id, acks by (row, claim id). That is what lets a server restart mid-stream be
@@ -46,9 +49,23 @@ class LeaseLostError(RuntimeError):
     """Rows of a claim are no longer held by it (the lease expired and they went back)."""
 
 
+class ClaimRaceError(RuntimeError):
+    """A claim selected rows that another transaction had already taken: nothing was
+    claimed (the transaction rolled back); claiming again is safe."""
+
+
 def utcnow() -> datetime:
-    """Naive UTC, the form every timestamp column holds."""
+    """Naive UTC, the form every timestamp column holds (this process's clock)."""
     return datetime.now(UTC).replace(tzinfo=None)
+
+
+def db_now(c: Connection) -> datetime:
+    """The database server's current time, naive UTC, read inside transaction `c`."""
+    if c.dialect.name in ("mysql", "mariadb"):
+        value = c.execute(sa.text("SELECT UTC_TIMESTAMP(6)")).scalar_one()
+    else:
+        value = c.execute(sa.text("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")).scalar_one()
+    return value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,10 +404,10 @@ class DurableLog:
         min_version: int | None,
         cid: str,
     ) -> Claim:
-        now = utcnow()
-        expires = now + timedelta(seconds=lease_s)
         rr = rollout_run.c
         with self.engine.begin() as c:
+            now = db_now(c)
+            expires = now + timedelta(seconds=lease_s)
             held = c.execute(
                 sa.select(*_ROW_COLS, rr.lease_expires_at)
                 .where(rr.claim_id == cid, rr.state == RowState.CLAIMED)
@@ -402,7 +419,7 @@ class DurableLog:
             if not rows:
                 return Claim(cid, consumer, run_id, (), expires)
             ids = [r.id for r in rows]
-            c.execute(
+            taken = c.execute(
                 rollout_run.update()
                 .where(rr.id.in_(ids), rr.state == RowState.AVAILABLE)
                 .values(
@@ -412,7 +429,12 @@ class DurableLog:
                     claimed_at=now,
                     lease_expires_at=expires,
                 )
-            )
+            ).rowcount
+            if taken != len(ids):  # exactly once must not rest on the SELECT's locking alone
+                raise ClaimRaceError(
+                    f"claim {cid}: {len(ids) - taken} of {len(ids)} selected rows were taken by "
+                    "another transaction; nothing was claimed"
+                )
             self._events(c, rows, "CLAIM", now, claim_id=cid, consumer=consumer)
         return Claim(cid, consumer, run_id, tuple(rows), expires)
 
@@ -497,9 +519,9 @@ class DurableLog:
         reason: str | None,
     ) -> int:
         rr = rollout_run.c
-        now = utcnow()
         with self.engine.begin() as c:
-            q = sa.select(rr.id, rr.state, rr.claim_id).where(rr.id.in_(ids))
+            now = db_now(c)
+            q = sa.select(rr.id, rr.state, rr.claim_id, rr.lease_expires_at).where(rr.id.in_(ids))
             if self._mysql:
                 q = q.with_for_update()
             current = {r.id: r for r in c.execute(q)}
@@ -507,7 +529,12 @@ class DurableLog:
             lost: list[int] = []
             for i in ids:
                 r = current.get(i)
-                if r is not None and r.claim_id == claim.claim_id and r.state == RowState.CLAIMED:
+                held = (
+                    r is not None and r.claim_id == claim.claim_id and r.state == RowState.CLAIMED
+                )
+                # a lease that has run out no longer holds its rows, swept back or not (giving
+                # them back to the pool is still fine: that is where they are going anyway)
+                if held and (to_state == RowState.AVAILABLE or r.lease_expires_at >= now):
                     todo.append(i)
                 elif (
                     r is not None
@@ -551,14 +578,16 @@ class DurableLog:
 
         def txn() -> Claim:
             rr = rollout_run.c
-            expires = utcnow() + timedelta(seconds=lease_s)
             with self.engine.begin() as c:
+                now = db_now(c)
+                expires = now + timedelta(seconds=lease_s)
                 n = c.execute(
                     rollout_run.update()
                     .where(
                         rr.id.in_(claim.row_ids),
                         rr.claim_id == claim.claim_id,
                         rr.state == RowState.CLAIMED,
+                        rr.lease_expires_at >= now,
                     )
                     .values(lease_expires_at=expires)
                 ).rowcount
@@ -577,8 +606,8 @@ class DurableLog:
 
         def txn() -> int:
             rr = rollout_run.c
-            t = now or utcnow()
             with self.engine.begin() as c:
+                t = now or db_now(c)
                 q = sa.select(*_ROW_COLS, rr.claim_id, rr.claimed_by).where(
                     rr.state == RowState.CLAIMED, rr.lease_expires_at < t
                 )
@@ -613,8 +642,8 @@ class DurableLog:
 
         def txn() -> int:
             rr = rollout_run.c
-            now = utcnow()
             with self.engine.begin() as c:
+                now = db_now(c)
                 q = sa.select(*_ROW_COLS).where(
                     rr.run_id == run_id,
                     rr.state == RowState.AVAILABLE,

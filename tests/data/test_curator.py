@@ -176,3 +176,54 @@ def test_a_dead_curator_loses_nothing(log: DurableLog, engine: Engine, tmp_path:
     acks, _, states = settled(engine)
     assert len(acks) == 8 and set(acks.values()) == {1}
     assert set(states.values()) == {RowState.CONSUMED}
+
+
+def test_no_row_older_than_the_bound_is_handed_out_wherever_it_waited(
+    log: DurableLog, engine: Engine, tmp_path: Path
+) -> None:
+    """Rows claimed at version 0 wait: one group in a queued step, one curated and waiting
+    for a step partner, one still filling. The policy moves to version 3 (bound 2: rows must
+    be from version >= 1): all of them are dropped as stale, none handed out. Before, only
+    rows still unclaimed in the log were checked, and the queued step went to the trainer."""
+    blobs = BlobStore(tmp_path / "blobs")
+    write_group(log, blobs, "queued", 0, [1.0, 0.0, 0.0, 0.0])  # complete -> a step
+    write_group(log, blobs, "ready", 0, [1.0, 0.0, 1.0, 0.0])  # complete, waits for a partner
+    write_group(log, blobs, "filling", 0, [1.0, 0.0])  # 2 of 4 slots
+    core = CuratorCore(
+        log, blobs, settings(groups_per_step=1, queue_depth=1, max_staleness=2, min_group=3)
+    )
+    core.poll()
+    assert core.metrics.queue_depth == 1 and core.metrics.pending_groups == 2
+    core.set_version(3)
+    assert core.take_step() is None  # checked at hand-out, before any poll
+    core.poll()
+    assert core.take_step() is None
+    _, drops, states = settled(engine)
+    assert drops == Counter({"stale": 10}) and core.metrics.dropped["stale"] == 10
+    assert set(states.values()) == {RowState.DROPPED}
+    assert core.metrics.held_rows == 0 and core.metrics.pending_groups == 0
+    # fresh rows still flow
+    write_group(log, blobs, "fresh", 0, [1.0, 0.0, 0.0, 0.0], version=3)
+    core.poll()
+    step = core.take_step()
+    assert step is not None and step.min_version == 3
+
+
+def test_an_undersized_group_is_dropped_after_its_wait(
+    log: DurableLog, engine: Engine, tmp_path: Path
+) -> None:
+    """A group whose other members never come (their rollouter died) and that stays below
+    min_group is dropped with a reason after group_abandon_s, instead of being held (and its
+    lease renewed) forever."""
+    blobs = BlobStore(tmp_path / "blobs")
+    write_group(log, blobs, "lonely", 0, [1.0, 0.0, 0.0, 0.0])
+    with engine.begin() as c:  # three members never arrived
+        c.execute(rollout_run.delete().where(rollout_run.c.trajectory_id != "lonely#0/0"))
+    core = CuratorCore(log, blobs, settings(min_group=2, group_timeout_s=10, group_abandon_s=60))
+    core.poll(now=0)
+    core.poll(now=59)
+    assert core.metrics.held_rows == 1
+    core.poll(now=61)
+    _, drops, states = settled(engine)
+    assert drops == Counter({"group_incomplete": 1})
+    assert set(states.values()) == {RowState.DROPPED} and core.metrics.held_rows == 0

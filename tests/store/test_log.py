@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from sqlalchemy.engine import Engine
 from dart_ray.records import Status
 from dart_ray.store.checkpoints import CheckpointRegistry
 from dart_ray.store.db import RowState, dataset_usage_events, rollout_run
-from dart_ray.store.log import Claim, DurableLog, LeaseLostError
+from dart_ray.store.log import Claim, ClaimRaceError, DurableLog, LeaseLostError, db_now
 from dart_ray.store.runs import get_run, register_run
 from tests.factories import make_trajectory
 
@@ -242,6 +243,76 @@ def test_renew_keeps_rows_past_the_lease(log: DurableLog) -> None:
     time.sleep(0.7)
     assert log.claim("run-a", 3, consumer="other", lease_s=60).rows == ()
     assert log.ack(claim) == 3
+
+
+def test_a_late_ack_is_refused_before_any_sweep(log: DurableLog, engine: Engine) -> None:
+    """The lease ran out but nothing has swept the rows back yet (no other claimer came):
+    the holder's ack is still refused, so a row whose lease lapsed is never trained on the
+    strength of it. Before, only the claim id and state were checked."""
+    fill(log, 2)
+    claim = log.claim("run-a", 2, consumer="slow", lease_s=0.3)
+    time.sleep(0.5)
+    with pytest.raises(LeaseLostError, match="no longer held"):
+        log.ack(claim)
+    with pytest.raises(LeaseLostError):
+        log.renew(claim, lease_s=60)
+    assert events(engine, "ACK") == Counter()
+    assert log.release(claim) == 2  # giving them back is fine: that is where they go
+    again = log.claim("run-a", 2, consumer="next", lease_s=60)
+    assert log.ack(again) == 2
+
+
+@pytest.mark.parametrize("skew_s", [-60, 60])
+def test_leases_run_on_the_database_clock(
+    log: DurableLog, engine: Engine, monkeypatch: pytest.MonkeyPatch, skew_s: int
+) -> None:
+    """A claimer whose clock is a minute off still holds its rows for exactly its lease, by
+    the database's clock: a client 60 s slow used to write leases that had already run out,
+    and one 60 s fast to keep rows 60 s too long."""
+    import dart_ray.store.log as log_module
+
+    real = log_module.utcnow
+    monkeypatch.setattr(log_module, "utcnow", lambda: real() + timedelta(seconds=skew_s))
+    fill(log, 4)
+    claim = log.claim("run-a", 2, consumer="skewed", lease_s=30)
+    with engine.connect() as c:
+        server = db_now(c)
+    expires = {r.lease_expires_at for r in _rows(engine, claim.row_ids)}
+    assert len(expires) == 1
+    assert abs(((expires.pop() - server).total_seconds()) - 30) < 5
+    assert log.claim("run-a", 4, consumer="other", lease_s=30).row_ids == sorted(
+        set(all_row_ids(engine)) - set(claim.row_ids)
+    )  # the skewed claim's rows are not swept back early
+    assert log.ack(claim) == 2
+
+
+def test_a_claim_never_takes_rows_another_transaction_took(
+    log: DurableLog, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If the SELECT ever returned rows that are no longer available (a locking mode that
+    does not hold), the claim rolls back instead of handing them out a second time."""
+    fill(log, 3)
+    first = log.claim("run-a", 2, consumer="first", lease_s=60)
+    rr = rollout_run.c
+    everything = sa.select(*log_module_cols()).where(rr.run_id == "run-a").order_by(rr.id)
+    monkeypatch.setattr(log, "claim_query", lambda *a, **k: everything)
+    with pytest.raises(ClaimRaceError, match="2 of 3 selected rows were taken"):
+        log.claim("run-a", 3, consumer="second", lease_s=60)
+    monkeypatch.undo()
+    assert events(engine, "CLAIM") == Counter({i: 1 for i in first.row_ids})
+    rest = log.claim("run-a", 3, consumer="second", lease_s=60)
+    assert set(rest.row_ids).isdisjoint(first.row_ids) and len(rest) == 1
+
+
+def log_module_cols() -> tuple[sa.ColumnElement, ...]:  # type: ignore[type-arg]
+    from dart_ray.store.log import _ROW_COLS
+
+    return _ROW_COLS
+
+
+def _rows(engine: Engine, ids: list[int]) -> list[sa.Row]:  # type: ignore[type-arg]
+    with engine.connect() as c:
+        return list(c.execute(sa.select(rollout_run).where(rollout_run.c.id.in_(ids))))
 
 
 SQL_LIKE = [
