@@ -3,7 +3,7 @@
     for each step k:
         shard_k = curator.get_shard(session, k, rank)  # every rank: a shard of the same step
         learner.step(shard_k)                           # FSDP2 forward/backward/clip/AdamW
-        rank 0 takes over step k's claims (renews their leases from now on)
+        rank 0 takes over step k's claims (a heartbeat renews their leases, also while waiting)
         every sync_every steps: version += 1
             gather the full state dict (all ranks) -> rank 0: pack, ray.put once,
             policy.update_weights (every replica loads in place), checkpoint row
@@ -45,6 +45,7 @@ from dart_ray.store import Claim, Store, open_store
 from dart_ray.train.checkpointing import TrainerState, read_trainer_state, save_checkpoint
 from dart_ray.train.fsdp import comm_device, full_state_dict, shard_model
 from dart_ray.train.learner import Learner, loss_settings
+from dart_ray.train.leases import LeaseKeeper
 from dart_ray.weights import pack
 
 log = logging.getLogger(__name__)
@@ -84,12 +85,17 @@ def _any(flag: bool) -> bool:
     return bool(t.item())
 
 
-def _next_shard(job: TrainJob, curator: Any, control: Any, step: int, rank: int) -> Any | None:
+def _next_shard(
+    job: TrainJob, curator: Any, control: Any, step: int, rank: int, heartbeat: Any = None
+) -> Any | None:
     """This rank's shard of `step`, or None when the run stops (decided by all ranks at once).
-    A stop request ends the run at the next step boundary even while data keeps coming."""
+    A stop request ends the run at the next step boundary even while data keeps coming.
+    `heartbeat()` runs every poll while waiting (rank 0 keeps its held leases alive)."""
     if _any(ray.get(control.stop_requested.remote())):
         return None
     while True:
+        if heartbeat is not None:
+            heartbeat()
         res = ray.get(curator.get_shard.remote(job.session, step, rank, timeout_s=job.poll_s))
         if _any(res is not None):
             if res is None:  # a peer bound the step: it is there now
@@ -108,14 +114,15 @@ class Publisher:
         self.store = store
         self.curator = curator
         self.policy = serve.get_deployment_handle("PolicyServer", job.policy_app)
-        self.pending: dict[int, list[Claim]] = {}
+        self.leases = LeaseKeeper(store.log, job.config.curation.lease_s)
+
+    @property
+    def pending(self) -> dict[int, list[Claim]]:
+        return self.leases.held
 
     def hold(self, step: int, claims: tuple[Claim, ...]) -> None:
         """Take over a trained step's claims, and keep every held lease alive."""
-        self.pending[step] = list(claims)
-        lease = self.job.config.curation.lease_s
-        for held in self.pending.values():
-            held[:] = [self.store.log.renew(c, lease) for c in held]
+        self.leases.hold(step, claims)
 
     def publish(self, version: int, state: dict[str, torch.Tensor]) -> tuple[int, float]:
         """Put once, every replica loads in place; returns (checkpoint id, seconds)."""
@@ -164,7 +171,7 @@ class Publisher:
             for c in claims:
                 self.store.log.ack(c, in_version=at.version)
         ray.get(self.curator.forget_steps.remote(self.job.session, sorted(self.pending)))
-        self.pending.clear()
+        self.leases.clear()
 
 
 def _learner(
@@ -252,7 +259,9 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         return seconds
 
     while version < c.run.max_versions:
-        res = _next_shard(job, curator, control, step, rank)
+        res = _next_shard(
+            job, curator, control, step, rank, pub.leases.heartbeat if pub is not None else None
+        )
         if res is None:
             break
         shard, info = res

@@ -1,0 +1,43 @@
+"""The trainer keeps the leases of trained-but-not-durable rows alive while it waits for data
+(SQLite and MariaDB): with save_every > 1 the rows wait several steps for their ack."""
+
+from __future__ import annotations
+
+import time
+
+from dart_ray.store.log import DurableLog
+from dart_ray.train.leases import LeaseKeeper
+from tests.factories import make_trajectory
+
+
+def test_heartbeat_keeps_held_rows_through_a_long_wait(log: DurableLog) -> None:
+    """Leases of 0.6 s, a trainer that waits 2 s for its next shard (heartbeat every 0.1 s
+    from the wait loop): the rows are never swept back, and the late ack succeeds. Before,
+    leases were renewed only after an optimizer step, so a wait longer than the lease lost
+    the rows to the pool and they were trained a second time."""
+    log.append_many([(make_trajectory(f"t{i}", run_id="r"), f"/b/{i}") for i in range(4)])
+    claim = log.claim("r", 4, consumer="curator", lease_s=0.6)
+    keeper = LeaseKeeper(log, lease_s=0.6)
+    keeper.hold(0, (claim,))
+    t0 = time.monotonic()
+    renewals = 0
+    while time.monotonic() - t0 < 2.0:
+        renewals += keeper.heartbeat()
+        assert log.claim("r", 4, consumer="thief", lease_s=60).rows == ()  # sweeps, finds none
+        time.sleep(0.1)
+    assert renewals >= 5
+    (held,) = keeper.held[0]
+    assert log.ack(held) == 4
+    keeper.clear()
+    assert keeper.held == {}
+
+
+def test_heartbeat_is_quiet_until_a_third_of_the_lease_passed(log: DurableLog) -> None:
+    now = [0.0]
+    keeper = LeaseKeeper(log, lease_s=30, clock=lambda: now[0])
+    now[0] = 9.9
+    assert keeper.heartbeat() is False
+    now[0] = 10.1
+    assert keeper.heartbeat() is True  # nothing held: renews nothing, restarts the period
+    now[0] = 15.0
+    assert keeper.heartbeat() is False
