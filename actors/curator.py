@@ -42,6 +42,15 @@ class StepInfo:
     does not depend on this actor surviving until then."""
 
 
+def max_held_rows(config: Config) -> int:
+    """`curation.max_held_rows`, or the bound it defaults to (see its docstring)."""
+    cur, ro = config.curation, config.rollout
+    if cur.max_held_rows is not None:
+        return cur.max_held_rows
+    steps = (cur.queue_depth + 1) * cur.groups_per_step * cur.group_size
+    return steps + ro.rollouters * ro.in_flight * max(cur.group_size, ro.n_rollouts)
+
+
 def settings_from_config(config: Config, run_id: str, num_ranks: int) -> CuratorSettings:
     cur = config.curation
     return CuratorSettings(
@@ -55,6 +64,7 @@ def settings_from_config(config: Config, run_id: str, num_ranks: int) -> Curator
         max_staleness=cur.max_staleness,
         queue_depth=cur.queue_depth,
         lease_s=cur.lease_s,
+        max_held_rows=max_held_rows(config),
         consumer=f"curator:{run_id}",
         params=CurationParams(
             success_threshold=config.rollout.success_threshold,

@@ -318,6 +318,12 @@ class CurationConfig(_Section):
     group_abandon_s: float = Field(default=600.0, gt=0)
     """Seconds after which a group still below min_group is dropped (reason
     `group_incomplete`): its missing members are lost, and holding it would hold its rows."""
+    max_held_rows: int | None = Field(default=None, ge=1)
+    """Most rows the curator holds claimed but not yet handed to the trainer (its memory
+    bound; the rest stay AVAILABLE in the log). None: (queue_depth + 1) x groups_per_step x
+    group_size for curated steps, plus rollouters x in_flight x max(group_size, n_rollouts)
+    for the groups still filling (at most that many are open at once, so a full group can
+    always form)."""
     max_staleness: int = Field(default=2, ge=0)
     """Drop trajectories whose oldest step is more than this many versions behind."""
     success_replay: bool = True

@@ -1,8 +1,8 @@
 """The curator's logic, without Ray: claim -> filter -> group -> curate -> pack -> queue -> ack.
 
 `CuratorCore.poll()` does one round: expire and claim rows from the durable log (only while
-the queue has room: that is the backpressure, and unclaimed rows are the visible "unused
-buffer"), drop rows older than the staleness bound, read their trajectories from blob
+the queue has room, and never more than `max_held_rows` held in all: that is the
+backpressure, and unclaimed rows are the visible "unused buffer"), drop rows older than the staleness bound, read their trajectories from blob
 storage, complete groups, curate them, and when enough groups are ready pack one training
 step (one Arrow shard per rank). Rows of a step are acknowledged only by `ack(step)`, after
 the trainer's optimizer step that used them (the trainer does it, once those weights are in
@@ -49,6 +49,8 @@ class CuratorSettings:
     queue_depth: int = 2
     lease_s: float = 600.0
     claim_batch: int = 256
+    max_held_rows: int = 1 << 30
+    """Most rows held claimed and not yet handed out (the curator's memory bound)."""
     consumer: str = "curator"
     params: CurationParams = field(default_factory=CurationParams)
 
@@ -131,9 +133,12 @@ class CuratorCore:
         stale = self.log.drop_stale(self.s.run_id, min_version)
         if stale:
             self.metrics.dropped["stale"] += stale
+        room = min(self.s.claim_batch, self.s.max_held_rows - len(self._claims))
+        if room < 1:  # what it holds (filling groups, curated groups, queued steps) is enough
+            return 0
         claim = self.log.claim(
             self.s.run_id,
-            self.s.claim_batch,
+            room,
             consumer=self.s.consumer,
             lease_s=self.s.lease_s,
             min_version=min_version,

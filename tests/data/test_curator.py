@@ -227,3 +227,29 @@ def test_an_undersized_group_is_dropped_after_its_wait(
     _, drops, states = settled(engine)
     assert drops == Counter({"group_incomplete": 1})
     assert set(states.values()) == {RowState.DROPPED} and core.metrics.held_rows == 0
+
+
+def test_a_slow_trainer_leaves_rows_in_the_log_not_in_memory(
+    log: DurableLog, engine: Engine, tmp_path: Path
+) -> None:
+    """Rollout writes ten groups for every step the trainer takes. The curator holds at most
+    max_held_rows (here 12: one queued step of 4 rows, groups still filling, curated groups)
+    and leaves the rest AVAILABLE in the durable log. Before, it claimed up to claim_batch
+    (256) rows whatever it already held, hoarding a slow trainer's backlog in memory."""
+    blobs = BlobStore(tmp_path / "blobs")
+    core = CuratorCore(
+        log, blobs, settings(groups_per_step=1, queue_depth=1, max_held_rows=12, claim_batch=256)
+    )
+    trained = 0
+    for rnd in range(3):
+        for k in range(10):  # rollout: 10 groups per train step
+            write_group(log, blobs, f"t{k}", rnd, [1.0, 0.0, 0.0, 0.0])
+        for _ in range(5):
+            core.poll()
+            assert core.metrics.held_rows <= 12
+        step = core.take_step()  # the trainer: one step per round
+        assert step is not None
+        core.ack(step.step_id)
+        trained += len(step.rows)
+    available = log.buffer("run-a").get((0, RowState.AVAILABLE), 0)
+    assert available == 120 - trained - core.metrics.held_rows >= 100
