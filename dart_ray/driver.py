@@ -48,9 +48,9 @@ def _fit_in_background(parts: runtime.Parts, errors: list[BaseException]) -> thr
                     return
                 restarts -= 1
                 log.warning("trainer failed (%s); starting it again from the last checkpoint", e)
-                point = resume_point(parts.store, parts.run_id)
-                if point is not None:
-                    parts.model_dir, parts.start = Path(point[0]), point[1]
+                path, parts.start = resume_point(parts.store, parts.run_id)
+                if path is not None:
+                    parts.model_dir = Path(path)
 
     t = threading.Thread(target=fit, name="trainer", daemon=True)
     t.start()

@@ -225,9 +225,9 @@ def start(config: Config) -> Parts:
     start_state = TrainerState(0, 0)
     model_dir = prepare_model(config, run_dir)
     if config.run.resume:
-        point = resume_point(store, run_id)
-        if point is not None:
-            model_dir, start_state = Path(point[0]), point[1]
+        path, start_state = resume_point(store, run_id)
+        if path is not None:
+            model_dir = Path(path)
         # nothing else consumes this run now: rows the last trainer held go back at once,
         # and the episodes that were running when it stopped are logged as ABORTED
         store.log.expire_leases(run_id, now=_far_future())

@@ -290,14 +290,18 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         store.dispose()
 
 
-def resume_point(store: Store, run_id: str) -> tuple[str, TrainerState] | None:
-    """Where a resumed trainer starts: the newest COMPLETED checkpoint with files, at its
-    step, but with the version counter at the highest version the run ever published, so
-    versions only go up (a version published after the last durable save is not reused)."""
+def resume_point(store: Store, run_id: str) -> tuple[str | None, TrainerState]:
+    """Where a resumed trainer starts: the newest COMPLETED checkpoint with files (None when
+    there is none yet: the base weights) at its step, with the version counter at the highest
+    version the run ever published, so versions only go up (a version published after the
+    last durable save is not reused). A run stopped or restarted before its first durable
+    checkpoint therefore starts again from step 0 on the base weights and publishes above
+    what the replicas already serve, instead of re-publishing version 1 to replicas that are
+    past it."""
     cps = store.checkpoints.list(run_id)
+    top = max((c.version_num for c in cps), default=0)
     for cp in reversed(cps):
         if cp.status == "COMPLETED" and cp.path and Path(cp.path, "trainer_state.json").is_file():
             state = read_trainer_state(Path(cp.path))
-            top = max(c.version_num for c in cps)
             return cp.path, TrainerState(step=state.step, version=top)
-    return None
+    return None, TrainerState(step=0, version=top)
