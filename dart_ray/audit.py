@@ -9,6 +9,9 @@ Read-only. Every check is a query over the run's rows in `episode_start`, `rollo
 - no acknowledged data was lost: every ACKed row is CONSUMED, and its ACK names a COMPLETED
   checkpoint whose files exist (rows are acknowledged only once their training is durable);
 - every CONSUMED row has its ACK, every DROPPED row a reason;
+- no row fed the gradients of two durable checkpoints: each checkpoint's `trainer_state.json`
+  lists the rows it trained since the previous one (its lineage), and no row is in two
+  lineages; when every durable checkpoint has one, every CONSUMED row is in one;
 - versions only went up: checkpoint versions grow with their ids; published versions never
   repeat.
 
@@ -149,10 +152,41 @@ def audit(engine: Engine, run_id: str, *, live: bool = False) -> AuditReport:
             "rows acknowledged without a durable COMPLETED checkpoint holding them: "
             f"{_ids(sorted(set(not_durable)))}"
         )
+    r.breaches += _lineage_breaches(list(completed.values()), state)
     published = [x.version_num for x in cps if x.status != "FAILED"]
     if any(b <= a for a, b in pairwise(published)):
         r.breaches.append(f"checkpoint versions did not only go up: {published}")
     return r
+
+
+def _lineage_breaches(completed: list[sa.Row], state: dict[int, int]) -> list[str]:  # type: ignore[type-arg]
+    """Rows trained into two durable checkpoints, and consumed rows in none, from the
+    lineage each checkpoint's trainer_state.json records."""
+    owner: dict[int, int] = {}
+    twice: list[int] = []
+    complete = True
+    for ck in completed:
+        f = Path(ck.path, "trainer_state.json") if ck.path else None
+        if f is None or not f.is_file():
+            continue  # a COMPLETED version without files (save_every > 1)
+        d = json.loads(f.read_text())
+        if "rows" not in d:
+            complete = False  # written before checkpoints recorded their lineage
+            continue
+        for rid in d["rows"]:
+            if rid in owner:
+                twice.append(rid)
+            owner.setdefault(rid, ck.version_num)
+    out = []
+    if twice:
+        out.append(
+            "rows in the lineage of two durable checkpoints (trained into both): "
+            f"{_ids(sorted(set(twice)))}"
+        )
+    orphans = sorted(i for i, st in state.items() if st == RowState.CONSUMED and i not in owner)
+    if complete and owner and orphans:
+        out.append(f"CONSUMED rows in no durable checkpoint's lineage: {_ids(orphans)}")
+    return out
 
 
 def render(r: AuditReport) -> str:

@@ -153,3 +153,59 @@ def test_the_audit_reads_one_moment_of_a_live_run(engine: Engine, tmp_path: Path
         )
     assert states == [1] and acks == 0  # claimed, and not yet acknowledged: one moment
     assert audit(engine, RUN, live=True).acks == 1  # a fresh read sees the ack
+
+
+def _durable(store: _Store, tmp: Path, version: int, rows: list[int]) -> None:
+    """A COMPLETED checkpoint with files whose trainer_state.json records its lineage."""
+    import json
+
+    cid = store.checkpoints.create(RUN, version, source="train")
+    store.checkpoints.start(cid)
+    d = tmp / f"v{version}"
+    d.mkdir()
+    (d / "trainer_state.json").write_text(
+        json.dumps({"step": version, "version": version, "rows": rows})
+    )
+    store.checkpoints.complete(cid, str(d))
+
+
+def test_a_crash_between_checkpoint_and_acks_trains_nothing_twice(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """The trainer completed durable v1 (its lineage: both rows) and died before acking them.
+    Their lease lapses and they go back to the pool. The resume settles them from v1's
+    lineage, so the next trainer cannot claim them again; without it they are trained into
+    v2 as well, and the audit names them."""
+    from dart_ray.train.worker import settle_lineage
+
+    store = _Store(engine, tmp_path)
+    for tid in ("t1", "t2"):
+        store.log.append(make_trajectory(tid), store.blobs.write(make_trajectory(tid)))
+    claim = store.log.claim(RUN, 10, consumer="trainer", lease_s=0.2)
+    _durable(store, tmp_path, 1, claim.row_ids)
+    import time
+
+    time.sleep(0.3)  # the trainer is gone; its lease lapses
+
+    # without the repair: the rows come back and are trained into v2 too -> a breach
+    again = store.log.claim(RUN, 10, consumer="next", lease_s=60)
+    assert sorted(again.row_ids) == sorted(claim.row_ids)
+    store.log.release(again)
+    twin = tmp_path / "twin"
+    twin.mkdir()
+    _durable(_Store(engine, twin), twin, 2, claim.row_ids)
+    bad = audit(engine, RUN)
+    assert any("lineage of two durable checkpoints" in b for b in bad.breaches), bad.breaches
+
+    # the repair a resume runs first: v1's rows are consumed, once, and nothing is claimable
+    assert settle_lineage(store, RUN, str(tmp_path / "v1")) == 2  # type: ignore[arg-type]
+    assert settle_lineage(store, RUN, str(tmp_path / "v1")) == 0  # type: ignore[arg-type]
+    assert store.log.claim(RUN, 10, consumer="next", lease_s=60).rows == ()
+    with engine.connect() as c:
+        acks = c.execute(
+            sa.select(dataset_usage_events.c.row_id, dataset_usage_events.c.reason).where(
+                dataset_usage_events.c.event_type == "ACK"
+            )
+        ).all()
+    assert sorted(a.row_id for a in acks) == sorted(claim.row_ids)
+    assert {a.reason for a in acks} == {"v1"}

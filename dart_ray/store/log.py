@@ -637,6 +637,51 @@ class DurableLog:
 
         return self.retry.run(txn, "expire")
 
+    def consume_lineage(self, run_id: str, row_ids: Sequence[int], in_version: int) -> int:
+        """Settle rows that durable checkpoint `in_version` trained as CONSUMED, whoever holds
+        them now (a resume's repair: the trainer died after completing the checkpoint and
+        before acknowledging its rows, which then went back to the pool or sit under a lapsed
+        claim). Rows already CONSUMED are left alone; returns how many were settled."""
+
+        def txn() -> int:
+            rr = rollout_run.c
+            with self.engine.begin() as c:
+                now = db_now(c)
+                q = sa.select(*_ROW_COLS, rr.claim_id).where(
+                    rr.run_id == run_id,
+                    rr.id.in_(list(row_ids)),
+                    rr.state.in_([RowState.AVAILABLE, RowState.CLAIMED]),
+                )
+                if self._mysql:
+                    q = q.with_for_update()
+                rows = c.execute(q).all()
+                if not rows:
+                    return 0
+                c.execute(
+                    rollout_run.update()
+                    .where(
+                        rr.id.in_([r.id for r in rows]),
+                        rr.state.in_([RowState.AVAILABLE, RowState.CLAIMED]),
+                    )
+                    .values(state=RowState.CONSUMED, used=rr.used + 1, lease_expires_at=None)
+                )
+                for r in rows:
+                    self._events(
+                        c,
+                        [_log_row(r)],
+                        "ACK",
+                        now,
+                        claim_id=r.claim_id,
+                        consumer="lineage",
+                        used_delta=1,
+                        reason=f"v{in_version}",
+                    )
+                return len(rows)
+
+        if not row_ids:
+            return 0
+        return self.retry.run(txn, "consume_lineage")
+
     def drop_stale(self, run_id: str, min_version: int, reason: str = "stale") -> int:
         """Drop every available row acted on by a version older than `min_version`."""
 

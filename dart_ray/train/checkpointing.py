@@ -4,7 +4,8 @@ state and the trainer's position, so a resumed run continues at the right step a
 Layout of `<run_dir>/checkpoints/v<version>/`:
     config.json, model.safetensors, tokenizer + processor files   (the HF folder)
     optimizer.pt                                                  (full optimizer state)
-    trainer_state.json                                            ({"step": k, "version": v})
+    trainer_state.json        ({"step": k, "version": v, "rows": [...]}: the log rows whose
+                               training this checkpoint holds and no earlier one does)
 The folder is written under a temporary name and renamed when complete, so a crash mid-save
 never leaves a folder that looks loadable.
 """
@@ -37,6 +38,10 @@ _AUX = (
 class TrainerState:
     step: int
     version: int
+    rows: tuple[int, ...] = ()
+    """Lineage: the log rows trained since the previous durable checkpoint. A resume from
+    this checkpoint settles them as consumed, acknowledged or not (the trainer may have died
+    between completing the checkpoint and acknowledging them), so none is trained twice."""
 
 
 def save_checkpoint(
@@ -58,7 +63,7 @@ def save_checkpoint(
     if optimizer_state is not None:
         torch.save(optimizer_state, tmp / "optimizer.pt")
     (tmp / "trainer_state.json").write_text(
-        json.dumps({"step": state.step, "version": state.version}) + "\n"
+        json.dumps({"step": state.step, "version": state.version, "rows": list(state.rows)}) + "\n"
     )
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
@@ -67,4 +72,5 @@ def save_checkpoint(
 
 def read_trainer_state(path: Path) -> TrainerState:
     d = json.loads((path / "trainer_state.json").read_text())
-    return TrainerState(step=int(d["step"]), version=int(d["version"]))
+    rows = tuple(int(r) for r in d.get("rows", ()))
+    return TrainerState(step=int(d["step"]), version=int(d["version"]), rows=rows)

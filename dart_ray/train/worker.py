@@ -158,6 +158,8 @@ class Publisher:
         acknowledge every held claim: those rows are now in durable weights."""
         path = None
         if opt_state is not None:
+            lineage = sorted(r for cl in self.pending.values() for c in cl for r in c.row_ids)
+            at = TrainerState(at.step, at.version, tuple(lineage))
             out = Path(self.job.run_dir) / "checkpoints" / f"v{at.version}"
             path = str(save_checkpoint(out, model, state, opt_state, Path(self.job.model_dir), at))
         if completed:
@@ -288,6 +290,19 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         sync(bump=False, save=True)
     if store is not None:
         store.dispose()
+
+
+def settle_lineage(store: Store, run_id: str, path: str) -> int:
+    """Before a trainer resumes from the durable checkpoint at `path`: its rows are consumed,
+    even if the trainer that wrote it died before acknowledging them (returns how many of
+    them it had not acknowledged)."""
+    state = read_trainer_state(Path(path))
+    n = store.log.consume_lineage(run_id, state.rows, state.version)
+    if n:
+        log.warning(
+            "checkpoint v%d: %d trained rows were never acknowledged; settled", state.version, n
+        )
+    return n
 
 
 def resume_point(store: Store, run_id: str) -> tuple[str | None, TrainerState]:

@@ -17,7 +17,7 @@ from dart_ray.engines.base import SamplingParams
 from dart_ray.engines.hf import HFEngine
 from dart_ray.store import open_store
 from dart_ray.store.db import RowState
-from dart_ray.train.checkpointing import TrainerState
+from dart_ray.train.checkpointing import TrainerState, read_trainer_state
 from dart_ray.train.worker import TrainJob, resume_point, train_loop_per_worker
 from serve_apps.policy import run_policy
 from tests.policy_helpers import png, request
@@ -90,6 +90,9 @@ def test_fsdp_trainer_publishes_versions_and_resumes(tiny_model_dir: Path, tmp_p
     # save_every=2, and the last version is always made durable: files for v2 and v3
     assert [bool(c.path) for c in cps] == [False, True, True]
     assert Path(cps[1].path or "", "model.safetensors").is_file()
+    # each durable checkpoint records the rows it trained since the previous one (lineage)
+    lineage = [read_trainer_state(Path(c.path)).rows for c in cps[1:]]  # type: ignore[arg-type]
+    assert [len(rows) for rows in lineage] == [8, 4] and not set(lineage[0]) & set(lineage[1])
     # rows are acknowledged once their weights are durable: 3 steps x 4 rows, once each
     assert store.log.buffer("run-t") == {(0, RowState.CONSUMED): 12, (0, RowState.CLAIMED): 4}
 
