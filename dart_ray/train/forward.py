@@ -14,10 +14,11 @@ gets log-prob -1e4 with no gradient instead of -inf, so ratios stay finite.
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 from PIL import Image
 
@@ -59,12 +60,29 @@ class MicroBatch:
         )
 
 
-def _pad(seqs: Sequence[Sequence[float]], value: float, dtype: torch.dtype) -> torch.Tensor:
-    n = max((len(s) for s in seqs), default=0)
-    out = torch.full((len(seqs), n), value, dtype=dtype)
-    for i, s in enumerate(seqs):
-        if len(s):
-            out[i, : len(s)] = torch.tensor(list(s), dtype=dtype)
+def _lists(batch: pa.RecordBatch | pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """A list column as (flat values, offsets) numpy views: no Python objects per element."""
+    col = batch.column(name)
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    offsets = arr.offsets.to_numpy()
+    values = arr.values.to_numpy(zero_copy_only=False)
+    return values, offsets
+
+
+def _pad_lists(
+    parts: list[tuple[np.ndarray, np.ndarray]], value: float, dtype: torch.dtype
+) -> torch.Tensor:
+    """(B, N) right-padded tensor whose row b is the concatenation of row b of each list
+    column given as (values, offsets); N is the longest row."""
+    lens = sum(off[1:] - off[:-1] for _, off in parts)
+    out = torch.full((len(lens), int(lens.max(initial=0))), value, dtype=dtype)
+    view = out.numpy()
+    for b in range(len(lens)):
+        at = 0
+        for values, off in parts:
+            seg = values[off[b] : off[b + 1]]
+            view[b, at : at + len(seg)] = seg
+            at += len(seg)
     return out
 
 
@@ -75,53 +93,64 @@ def collate(
     image_pad_id: int,
     pad_id: int,
 ) -> MicroBatch:
-    """Build model inputs from `SAMPLE_SCHEMA` rows; checks image slots against the images."""
-    rows = batch.to_pylist()
-    if not rows:
+    """Build model inputs from `SAMPLE_SCHEMA` rows; checks image slots against the images.
+
+    Token lists go from Arrow buffers to tensors through numpy views (no per-token Python
+    objects); only the screenshots are handed to the image processor one by one."""
+    n = batch.num_rows
+    if not n:
         raise BatchError("empty micro-batch")
+    prompt = _lists(batch, "prompt_ids")
+    response = _lists(batch, "response_ids")
+    image_col = batch.column("images")
+    per_sample = pc.list_value_length(image_col).to_numpy(zero_copy_only=False)
     merge = int(getattr(image_processor, "merge_size", 2))
     images: list[Image.Image] = []
-    per_sample: list[int] = []
-    for r in rows:
-        per_sample.append(len(r["images"]))
-        for k, data in enumerate(r["images"]):
+    ids = batch.column("trajectory_id").to_pylist()
+    steps = batch.column("step_idx").to_pylist()
+    for b, shots in enumerate(image_col.to_pylist()):
+        for k, data in enumerate(shots):
             try:
                 with Image.open(io.BytesIO(data)) as im:
                     images.append(im.convert("RGB"))
             except OSError as e:
                 raise BatchError(
-                    f"sample {r['trajectory_id']} step {r['step_idx']}: image {k} unreadable: {e}"
+                    f"sample {ids[b]} step {steps[b]}: image {k} unreadable: {e}"
                 ) from None
     pixel_values = grid = None
     if images:
         processed = image_processor(images=images, return_tensors="pt")  # type: ignore[operator]
         pixel_values, grid = processed["pixel_values"], processed["image_grid_thw"]
-        tokens_per_image = [int(g.prod()) // merge**2 for g in grid]
+        tokens_per_image = (grid.prod(-1) // merge**2).tolist()
+        values, off = prompt
         k = 0
-        for r, n_img in zip(rows, per_sample, strict=True):
-            want = sum(tokens_per_image[k : k + n_img])
-            k += n_img
-            have = sum(1 for t in r["prompt_ids"] if t == image_pad_id)
+        for b in range(n):
+            want = sum(tokens_per_image[k : k + int(per_sample[b])])
+            k += int(per_sample[b])
+            have = int((values[off[b] : off[b + 1]] == image_pad_id).sum())
             if want != have:
                 raise BatchError(
-                    f"sample {r['trajectory_id']} step {r['step_idx']}: prompt has {have} image "
-                    f"tokens but its {n_img} image(s) make {want} (different image processor?)"
+                    f"sample {ids[b]} step {steps[b]}: prompt has {have} image tokens but its "
+                    f"{per_sample[b]} image(s) make {want} (different image processor?)"
                 )
-    seqs = [list(r["prompt_ids"]) + list(r["response_ids"]) for r in rows]
-    input_ids = _pad(seqs, pad_id, torch.long)
-    attention_mask = _pad([[1] * len(s) for s in seqs], 0, torch.long)
-    resp = [r["response_ids"] for r in rows]
+    input_ids = _pad_lists([prompt, response], pad_id, torch.long)
+    lens = (prompt[1][1:] - prompt[1][:-1]) + (response[1][1:] - response[1][:-1])
+    attention_mask = (torch.arange(input_ids.shape[1]) < torch.from_numpy(lens)[:, None]).long()
     return MicroBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
         pixel_values=pixel_values,
         image_grid_thw=grid,
-        prompt_lens=torch.tensor([len(r["prompt_ids"]) for r in rows]),
-        response_ids=_pad(resp, pad_id, torch.long),
-        response_mask=_pad([r["loss_mask"] for r in rows], 0, torch.long),
-        behaviour_logprobs=_pad([r["behaviour_logprobs"] for r in rows], 0.0, torch.float32),
-        advantages=torch.tensor([r["advantage"] for r in rows], dtype=torch.float32),
-        weight_versions=torch.tensor([r["weight_version"] for r in rows]),
+        prompt_lens=torch.from_numpy((prompt[1][1:] - prompt[1][:-1]).astype(np.int64)),
+        response_ids=_pad_lists([response], pad_id, torch.long),
+        response_mask=_pad_lists([_lists(batch, "loss_mask")], 0, torch.long),
+        behaviour_logprobs=_pad_lists([_lists(batch, "behaviour_logprobs")], 0.0, torch.float32),
+        advantages=torch.from_numpy(
+            batch.column("advantage").to_numpy(zero_copy_only=False).astype(np.float32)
+        ),
+        weight_versions=torch.from_numpy(
+            batch.column("weight_version").to_numpy(zero_copy_only=False).astype(np.int64)
+        ),
     )
 
 

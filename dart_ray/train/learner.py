@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 import torch.distributed as dist
 from PIL import Image
@@ -90,14 +91,10 @@ def loss_settings(c: Config) -> LossSettings:
 
 def split_micro(batch: pa.RecordBatch, max_tokens: int) -> list[pa.RecordBatch]:
     """Consecutive slices of at most `max_tokens` tokens (a longer sample goes alone)."""
-    lens = [
-        len(p) + len(r)
-        for p, r in zip(
-            batch.column("prompt_ids").to_pylist(),
-            batch.column("response_ids").to_pylist(),
-            strict=True,
-        )
-    ]
+    lens = (
+        pc.list_value_length(batch.column("prompt_ids")).to_numpy(zero_copy_only=False)
+        + pc.list_value_length(batch.column("response_ids")).to_numpy(zero_copy_only=False)
+    ).tolist()
     out, start, used = [], 0, 0
     for i, n in enumerate(lens):
         if i > start and used + n > max_tokens:

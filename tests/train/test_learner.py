@@ -239,3 +239,26 @@ def test_one_update_per_batch_never_clips(engine: HFEngine, tiny_model_dir: Path
     metrics = _learner(load_model(tiny_model_dir), proc).step(batch)
     assert metrics["updates"] == 1 and metrics["clip_frac"] == 0
     assert metrics["ratio_mean"] == pytest.approx(1.0)
+
+
+def test_collate_reads_arrow_buffers_of_a_sliced_batch(
+    engine: HFEngine, tiny_model_dir: Path
+) -> None:
+    """Micro-batches are slices of the shard: their list columns share the shard's buffers
+    at an offset. The tensors must be those of the slice's own rows, token for token."""
+    batch = samples(engine, [1.0, -1.0, 0.5, 0.2])
+    proc = PolicyProcessor.from_dir(tiny_model_dir)
+    part = batch.slice(1, 2)
+    mb = collate(part, proc.image_processor, image_pad_id=proc.image_pad_id, pad_id=proc.pad_id)
+    rows = part.to_pylist()
+    for b, r in enumerate(rows):
+        seq = r["prompt_ids"] + r["response_ids"]
+        assert mb.input_ids[b, : len(seq)].tolist() == seq
+        assert mb.input_ids[b, len(seq) :].eq(proc.pad_id).all()
+        assert int(mb.attention_mask[b].sum()) == len(seq)
+        assert int(mb.prompt_lens[b]) == len(r["prompt_ids"])
+        n = len(r["response_ids"])
+        assert mb.response_ids[b, :n].tolist() == r["response_ids"]
+        assert mb.behaviour_logprobs[b, :n].tolist() == pytest.approx(r["behaviour_logprobs"])
+        assert mb.response_mask[b, :n].tolist() == r["loss_mask"]
+        assert float(mb.advantages[b]) == pytest.approx(r["advantage"])
