@@ -24,6 +24,7 @@ def test_sampling_fields_and_defaults() -> None:
     got = _sampling({"temperature": 0, "top_p": 0.5, "max_tokens": 7, "stop": "\n"}, DEFAULTS)
     assert got == SamplingParams(0.0, 0.5, 7, ("\n",))
     assert _sampling({"stop": ["a", "b"], "temperature": None}, DEFAULTS).stop == ("a", "b")
+    assert _sampling({"top_k": 40}, DEFAULTS).top_k == 40
 
 
 @pytest.mark.parametrize(
@@ -35,6 +36,8 @@ def test_sampling_fields_and_defaults() -> None:
         ({"temperature": -1}, "temperature must be >= 0"),
         ({"top_p": 3}, "top_p must be in (0, 1]"),
         ({"top_p": [1]}, "top_p must be a finite number"),
+        ({"top_k": -2}, "top_k must be >= 0 (0: off), got -2"),
+        ({"top_k": 1.5}, "top_k must be an integer, got 1.5"),
         ({"max_tokens": 2.5}, "max_tokens must be an integer, got 2.5"),
         ({"max_tokens": "10"}, 'max_tokens must be an integer, got "10"'),
         ({"max_tokens": 0}, "max_tokens must be at least 1"),
