@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -94,6 +95,11 @@ def cmd_status(args: argparse.Namespace, out: Console) -> int:
             style="bold",
         )
         out.print(t)
+        drops = store.log.drops(run.run_id)
+        out.print(
+            "dropped by reason: "
+            + (", ".join(f"{k} {v}" for k, v in sorted(drops.items())) or "none")
+        )
         stats = store.log.task_stats(run.run_id)
         t = Table(
             "task",
@@ -148,6 +154,58 @@ def cmd_audit(args: argparse.Namespace, out: Console) -> int:
     else:
         print(render(report))
     return 0 if report.ok else 1
+
+
+def cmd_report(args: argparse.Namespace, out: Console) -> int:
+    """Redraw a run's figure and print its learning table from the log (and report.json)."""
+    import dataclasses
+
+    from dart_ray.plots import wilson
+    from dart_ray.report import (
+        RunReport,
+        band_width,
+        draw_curve,
+        eval_point,
+        heldout_line,
+        heldout_points,
+        sampled_points,
+    )
+
+    cfg = _load(args)
+    store = open_store(cfg)
+    try:
+        run = get_run(store.engine, args.run)
+        if run is None:
+            where = store.engine.url.render_as_string(hide_password=True)
+            print(f"dart-ray report: no record of run {args.run!r} in {where}", file=sys.stderr)
+            return 2
+        sampled = store.log.success_by_version(args.run)
+    finally:
+        store.dispose()
+    run_dir = cfg.run.root_dir / args.run
+    saved = run_dir / "report.json"
+    names = {f.name for f in dataclasses.fields(RunReport)}
+    if saved.is_file():
+        data = {k: v for k, v in json.loads(saved.read_text()).items() if k in names}
+        report = RunReport(**data)
+    else:  # the run is going, or died before its report: the log's part of the figure
+        report = RunReport.empty(args.run)
+        report.versions = max(sampled, default=0)
+    report.sampled = [[v, k, n] for v, (k, n) in sorted(sampled.items())]
+    evals = [eval_point(json.loads(Path(f).read_text())) for f in args.eval]
+    figure = draw_curve(report, Path(args.out) if args.out else run_dir / "curve.png", evals=evals)
+    t = Table("versions", "episodes", "sampled success", title=f"run {args.run}: rollouts")
+    w = band_width(report)
+    for p in sampled_points(report):
+        lo = round(p.version - (w - 1) / 2)
+        t.add_row(f"v{lo}-{lo + w - 1}", str(p.n), f"{p.rate:.1%}")
+    out.print(t)
+    out.print(f"held-out success before -> after: {heldout_line(report)}")
+    for p in heldout_points(report, evals):
+        lo, hi = wilson(p.successes, p.n)
+        out.print(f"  held out at v{p.version:g}: {p.rate:.1%} ({lo:.1%}-{hi:.1%}, {p.n} tasks)")
+    out.print(f"figure: {figure}")
+    return 0
 
 
 def cmd_model_init(args: argparse.Namespace, out: Console) -> int:
@@ -214,6 +272,19 @@ def build_parser() -> argparse.ArgumentParser:
     aud.add_argument("--json", action="store_true", help="print the report as JSON")
     _add_config_args(aud)
     aud.set_defaults(fn=cmd_audit)
+
+    rep = sub.add_parser("report", help="redraw a run's learning figure and table from the log")
+    rep.add_argument("run", help="run id")
+    rep.add_argument("--out", default=None, help="figure path (default: RUN_DIR/curve.png)")
+    rep.add_argument(
+        "--eval",
+        action="append",
+        default=[],
+        metavar="JSON",
+        help="a `dart-ray eval --json` file of one of the run's checkpoints (repeatable)",
+    )
+    _add_config_args(rep)
+    rep.set_defaults(fn=cmd_report)
 
     from dart_ray.actions import MAX_PIXELS, MIN_PIXELS
     from dart_ray.cli_train import add_parser as add_train

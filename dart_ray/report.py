@@ -1,23 +1,26 @@
-"""The end-of-run report: numbers, a table, a JSON file, a curve and TensorBoard events.
+"""The end-of-run report: numbers, a table, a JSON file, a figure and TensorBoard events.
 
-Written to the run folder: `report.json`, `curve.png` (mean sampled reward per training step,
-with held-out success before and after), and `tb/` (TensorBoard event files of every
-trainer step).
+Written to the run folder: `report.json`, `curve.png` (`dart_ray.plots`: held-out success
+per evaluated version with 95% intervals; sampled success per band of versions from the
+durable log, and the mean reward of the trained groups per step), and `tb/` (TensorBoard
+event files of every trainer step, held-out success, sampled success per version).
+`dart-ray report RUN` redraws the figure and prints the table from the log.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ray
-from PIL import Image, ImageDraw
 from rich.console import Console
 from rich.table import Table
 
 from dart_ray.evaluate import EvalResult
+from dart_ray.plots import Point, bands, delta_interval, draw_learning_curve
 
 if TYPE_CHECKING:
     from dart_ray.runtime import Parts
@@ -47,6 +50,10 @@ class RunReport:
     """The version the policy server answered with at the end (every publish is confirmed by
     every replica, or the trainer fails)."""
     rewards: list[float] = field(default_factory=list)
+    sampled: list[list[int]] = field(default_factory=list)
+    """[version, successes, episodes] of the trainable rollouts by weight version (the log)."""
+    start_version: int = 0
+    """The version the run started from (a resumed run's checkpoint)."""
     off_policy: list[dict[str, float]] = field(default_factory=list)
     """Per published version, the means over its train steps of the trust-region and
     off-policy metrics (`OFF_POLICY_KEYS`)."""
@@ -54,6 +61,31 @@ class RunReport:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def empty(cls, run_id: str) -> RunReport:
+        """A report with no numbers yet (a run still going, or one that died before its
+        report): what `dart-ray report` fills from the log."""
+        return cls(
+            run_id=run_id,
+            mode="?",
+            wall_s=0.0,
+            heldout_before=None,
+            heldout_after=None,
+            heldout_tasks=0,
+            trajectories={},
+            groups_completed=0,
+            train_steps=0,
+            versions=0,
+            samples_trained=0,
+            rows_trained=0,
+            dropped={},
+            env_utilisation=0.0,
+            trainer_utilisation=0.0,
+            sync_count=0,
+            sync_latency_mean_s=0.0,
+            sync_latency_max_s=0.0,
+        )
 
 
 OFF_POLICY_KEYS = (
@@ -126,6 +158,11 @@ def build_report(
         sync_latency_max_s=max(syncs, default=0.0),
         policy_version=int(parts.policy.version.remote().result()),
         rewards=[float(h.get("mean_reward", 0.0)) for h in history],
+        sampled=[
+            [v, k, n]
+            for v, (k, n) in sorted(parts.store.log.success_by_version(parts.run_id).items())
+        ],
+        start_version=parts.start.version,
         off_policy=off_policy_by_version(history),
         run_dir=str(parts.run_dir),
     )
@@ -135,13 +172,17 @@ def build_report(
 
 def write(report: RunReport, history: list[dict[str, float]], run_dir: Path) -> None:
     (run_dir / "report.json").write_text(json.dumps(report.to_json(), indent=2) + "\n")
-    draw_curve(report, run_dir / "curve.png")
+    draw_curve(report, run_dir / "curve.png", [float(h.get("version", 0)) for h in history])
     from tensorboardX import SummaryWriter
 
     with SummaryWriter(str(run_dir / "tb")) as tb:
         for i, h in enumerate(history):
             for k, v in h.items():
                 tb.add_scalar(f"train/{k}", float(v), i + 1)
+        for p in heldout_points(report):
+            tb.add_scalar("heldout/success", p.rate, int(p.version))
+        for v, k, n in report.sampled:
+            tb.add_scalar("rollout/sampled_success", k / n if n else 0.0, v)
         for name, value in (("before", report.heldout_before), ("after", report.heldout_after)):
             if value is not None:
                 tb.add_scalar(
@@ -149,35 +190,79 @@ def write(report: RunReport, history: list[dict[str, float]], run_dir: Path) -> 
                 )
 
 
-def draw_curve(report: RunReport, out: Path, size: tuple[int, int] = (640, 360)) -> None:
-    """Mean sampled reward per training step, and held-out success before/after."""
-    w, h = size
-    pad = 40
-    im = Image.new("RGB", size, "white")
-    d = ImageDraw.Draw(im)
-    d.rectangle((pad, pad // 2, w - pad // 2, h - pad), outline="black")
-    d.text((pad, 4), f"{report.run_id} ({report.mode}): mean reward per step", fill="black")
-    d.text((4, pad // 2), "1", fill="black")
-    d.text((4, h - pad - 8), "0", fill="black")
-    d.text((w - 3 * pad, h - pad + 8), f"step {len(report.rewards)}", fill="black")
+def eval_point(summary: dict[str, Any]) -> Point:
+    """A `dart-ray eval --json` summary as a held-out point: the version is read from the
+    checkpoint folder's name (`v<N>`; a warm start outside a run counts as version 0)."""
+    import re
 
-    def xy(i: int, v: float, n: int) -> tuple[float, float]:
-        x = pad + (w - 1.5 * pad) * (i / max(n - 1, 1))
-        y = (h - pad) - (h - 1.5 * pad) * min(max(v, 0.0), 1.0)
-        return x, y
+    m = re.search(r"(?:^|/)v(\d+)/?$", str(summary.get("checkpoint", "")))
+    n = int(summary["tasks"])
+    return Point(int(m.group(1)) if m else 0, round(float(summary["success"]) * n), n)
 
-    pts = [xy(i, r, len(report.rewards)) for i, r in enumerate(report.rewards)]
-    if len(pts) > 1:
-        d.line(pts, fill=(30, 90, 200), width=2)
-    for label, value, x in (
-        ("before", report.heldout_before, pad + 4),
-        ("after", report.heldout_after, w - 2.5 * pad),
+
+def heldout_points(report: RunReport, extra: Sequence[Point] = ()) -> list[Point]:
+    """Held-out success at the start version and at the final one, plus `extra` points
+    (evaluations of intermediate checkpoints), in version order."""
+    n = report.heldout_tasks
+    out = list(extra)
+    for version, rate in (
+        (report.start_version, report.heldout_before),
+        (max(report.versions, report.policy_version), report.heldout_after),
     ):
-        if value is not None:
-            _, y = xy(0, value, 1)
-            d.line((x, y, x + 20, y), fill=(200, 60, 30), width=3)
-            d.text((x, y - 14), f"held-out {label} {value:.0%}", fill=(200, 60, 30))
-    im.save(out)
+        if rate is not None and n:
+            out.append(Point(version, round(rate * n), n))
+    return sorted(out, key=lambda p: p.version)
+
+
+def band_width(report: RunReport) -> int:
+    """Versions per band of the sampled-success curve: about 12 bands over the run."""
+    return max(1, (max((v for v, _, _ in report.sampled), default=0) + 1) // 12)
+
+
+def sampled_points(report: RunReport) -> list[Point]:
+    """Sampled success per band of `band_width` versions."""
+    return bands({v: (k, n) for v, k, n in report.sampled}, band_width(report))
+
+
+def draw_curve(
+    report: RunReport,
+    out: Path,
+    step_versions: list[float] | None = None,
+    evals: Sequence[Point] = (),
+) -> Path:
+    """The two-panel learning figure (`dart_ray.plots`); `step_versions` place the per-step
+    mean rewards (their versions; default: spread over the run's versions); `evals` are
+    more held-out points."""
+    rewards = report.rewards
+    xs = step_versions or [
+        report.versions * (i + 1) / max(len(rewards), 1) for i in range(len(rewards))
+    ]
+    return draw_learning_curve(
+        out,
+        f"run {report.run_id} ({report.mode})",
+        heldout_points(report, evals),
+        sampled_points(report),
+        list(zip(xs, rewards, strict=False)),
+    )
+
+
+def heldout_line(report: RunReport) -> str:
+    """'35.3% -> 45.0% (+9.7 points, 95% CI +4.1 to +15.3; 300 tasks)'."""
+
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1%}"
+
+    before, after, n = report.heldout_before, report.heldout_after, report.heldout_tasks
+    line = f"{pct(before)} -> {pct(after)}"
+    if before is not None and after is not None and n:
+        lo, hi = delta_interval(before, after, n)
+        line += (
+            f" ({100 * (after - before):+.1f} points, 95% CI {100 * lo:+.1f} to {100 * hi:+.1f}"
+            f"; {n} tasks)"
+        )
+    elif n:
+        line += f" ({n} tasks)"
+    return line
 
 
 def render(report: RunReport, console: Console) -> None:
@@ -186,10 +271,7 @@ def render(report: RunReport, console: Console) -> None:
     def pct(v: float | None) -> str:
         return "-" if v is None else f"{v:.1%}"
 
-    t.add_row(
-        "held-out success before -> after",
-        f"{pct(report.heldout_before)} -> {pct(report.heldout_after)} ({report.heldout_tasks} tasks)",
-    )
+    t.add_row("held-out success before -> after", heldout_line(report))
     t.add_row(
         "trajectories", ", ".join(f"{k} {v}" for k, v in sorted(report.trajectories.items())) or "0"
     )

@@ -34,6 +34,7 @@ def _populate(overrides: list[str]) -> None:
     store.log.append_many(items)
     claim = store.log.claim("run-a", 5, consumer="test", lease_s=60)
     store.log.ack(claim, claim.row_ids[:3])
+    store.log.drop(claim, claim.row_ids[3:4], "stale")
     cid = store.checkpoints.create("run-a", 1)
     store.checkpoints.start(cid)
     store.checkpoints.complete(cid, "/ckpt/v1")
@@ -58,11 +59,24 @@ def test_db_init_and_status(
         out = capsys.readouterr().out
         assert "run run-a (demo) RUNNING" in out
         assert "trajectories in the log" in out and "per-task success" in out
-        # 13 rows: 5 claimed, of which 3 acked -> consumed 3, claimed 2, available 8
+        # 13 rows: 5 claimed, 3 acked, 1 dropped -> consumed 3, claimed 1, dropped 1, available 8
         rows = [[c.strip() for c in line.split("│")] for line in out.splitlines()]
-        assert next(r[2:6] for r in rows if r[1:2] == ["all"]) == ["8", "2", "3", "0"]
+        assert next(r[2:6] for r in rows if r[1:2] == ["all"]) == ["8", "1", "3", "1"]
+        assert "dropped by reason: stale 1" in out
         assert "newest checkpoint: v1 COMPLETED" in out
         assert main(["status", "--run", "nope", *overrides]) == 1
+        # the learning figure and table, redrawn from the log (no report.json yet)
+        assert main(["report", "run-a", *overrides]) == 0
+        out = capsys.readouterr().out
+        # 12 trainable rows over versions 0-2; reward 1 for t0, t3, t6, t9 (all version 0)
+        rows = [[c.strip() for c in line.split("│")] for line in out.splitlines()]
+        assert [r[1:4] for r in rows if r[1:2] and r[1].startswith("v")] == [
+            ["v0-0", "4", "100.0%"],
+            ["v1-1", "4", "0.0%"],
+            ["v2-2", "4", "0.0%"],
+        ]
+        assert (tmp_path / "run-a" / "curve.png").stat().st_size > 0
+        assert main(["report", "nope", *overrides]) == 2
     finally:
         if gen is not None:
             for _ in gen:

@@ -182,6 +182,7 @@ HOW: dict[str, How] = {
     # run as written
     r"dart-ray config show( --docs)?( --config configs/[\w.-]+\.toml)?": How("run"),
     r"(\.venv/bin/)?dart-ray status": How("run"),
+    r"(\.venv/bin/)?dart-ray report my-run( --out \S+)?": How("run"),
     r"dart-ray config show '[^']*' \| grep \w+": How("run"),
     r"dart-ray model init --out models/tiny( --seed \d+)?( --min-pixels \d+)?( --max-pixels \d+)?": How(
         "run"

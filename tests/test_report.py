@@ -20,3 +20,39 @@ def test_off_policy_metrics_are_averaged_per_version() -> None:
         {"version": 1.0, "clip_frac": pytest.approx(0.2), "is_capped_frac": 0.25},
         {"version": 2.0, "clip_frac": 0.0, "onpolicy_logp_diff_abs": 2e-6},
     ]
+
+
+def test_wilson_and_delta_intervals_on_hand_numbers() -> None:
+    from dart_ray.plots import delta_interval, wilson
+
+    # 0 of 10: centre (0 + 1.9208/10) / 1.38415 = 0.13877, half-width
+    # 1.96 * sqrt(0 + 3.8415/400) / 1.38415 = 0.13877 -> [0, 0.2775]
+    assert wilson(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    # 5 of 10: symmetric around 0.5, half-width 1.96 * sqrt(0.025 + 0.0096) / 1.38415 = 0.2634
+    assert wilson(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    # 30% -> 50% on 100 tasks: se = sqrt((0.21 + 0.25) / 100) = 0.067823; +-1.96 se = 0.13293
+    assert delta_interval(0.3, 0.5, 100) == pytest.approx((0.0671, 0.3329), abs=1e-4)
+
+
+def test_bands_pool_versions() -> None:
+    from dart_ray.plots import Point, bands
+
+    # width 2: versions 0-1 -> 3 of 8, versions 2-3 -> 1 of 2 (version 3 has no episodes)
+    got = bands({0: (1, 4), 1: (2, 4), 2: (1, 2)}, 2)
+    assert got == [Point(0.5, 3, 8), Point(2.5, 1, 2)]
+
+
+def test_the_report_line_and_figure(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from PIL import Image
+
+    from dart_ray.report import RunReport, draw_curve, heldout_line
+
+    r = RunReport.empty("run-x")
+    r.heldout_before, r.heldout_after, r.heldout_tasks, r.versions = 0.3, 0.5, 100, 40
+    r.sampled = [[v, v // 4, 10] for v in range(40)]
+    r.rewards = [0.5] * 40
+    # +20.0 points, 95% CI +6.7 to +33.3 (the numbers above)
+    assert heldout_line(r) == "30.0% -> 50.0% (+20.0 points, 95% CI +6.7 to +33.3; 100 tasks)"
+    out = draw_curve(r, tmp_path / "curve.png")
+    with Image.open(out) as im:
+        assert im.format == "PNG" and im.size[0] >= 600

@@ -765,6 +765,31 @@ class DurableLog:
         )
         return {(v, s): n for v, s, n in self._fetch(q, "buffer")}
 
+    def success_by_version(self, run_id: str) -> dict[int, tuple[int, int]]:
+        """(successes, episodes) of the run's trainable trajectories (OK, TRUNCATED) by the
+        weight version that started them: the sampled success curve."""
+        rr = rollout_run.c
+        won = sa.case((rr.reward >= self.success_threshold, 1), else_=0)
+        q = (
+            sa.select(rr.version_num, sa.func.sum(won), sa.func.count())
+            .where(
+                rr.run_id == run_id,
+                rr.status.in_([Status.OK.value, Status.TRUNCATED.value]),
+            )
+            .group_by(rr.version_num)
+        )
+        return {int(v): (int(k or 0), int(n)) for v, k, n in self._fetch(q, "success_by_version")}
+
+    def drops(self, run_id: str) -> dict[str, int]:
+        """DROPPED rows of one run by reason (stale, no_signal, group_incomplete, ...)."""
+        rr = rollout_run.c
+        q = (
+            sa.select(rr.drop_reason, sa.func.count())
+            .where(rr.run_id == run_id, rr.state == RowState.DROPPED)
+            .group_by(rr.drop_reason)
+        )
+        return {str(reason or ""): n for reason, n in self._fetch(q, "drops")}
+
     def get_rows(self, run_id: str, trajectory_ids: Sequence[str]) -> list[LogRow]:
         rr = rollout_run.c
         q = sa.select(*_ROW_COLS).where(
