@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,33 @@ def _any(flag: bool) -> bool:
     t = torch.tensor([int(flag)], device=comm_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
+
+
+class StepMismatchError(RuntimeError):
+    """Ranks were handed different curated steps under one step number (the curator
+    restarted between their requests and lost what it had bound)."""
+
+
+def step_fingerprint(claims: tuple[Claim, ...]) -> int:
+    """A number that identifies a curated step: its claims and rows (the same on every rank
+    that received the same step; StepInfo carries the whole step's claims)."""
+    key = ";".join(f"{c.claim_id}:{','.join(map(str, sorted(c.row_ids)))}" for c in claims)
+    return zlib.crc32(key.encode())
+
+
+def check_same_step(step: int, claims: tuple[Claim, ...]) -> None:
+    """Every rank holds the same curated step, or all raise StepMismatchError (the trainer
+    then restarts in a new session, and the curator gives every bound step back)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    f = step_fingerprint(claims)
+    t = torch.tensor([f, -f], dtype=torch.int64, device=comm_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    if int(t[0]) != -int(t[1]):  # max != min: ranks disagree
+        raise StepMismatchError(
+            f"step {step}: ranks were handed different curated steps (the curator restarted "
+            "between their requests); restarting the trainer so they start over together"
+        )
 
 
 def _next_shard(
@@ -267,6 +295,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         if res is None:
             break
         shard, info = res
+        check_same_step(step, info.claims)
         t0 = time.monotonic()
         metrics = learner.step(shard, version if step == synced_step else None)
         metrics["step_s"] = time.monotonic() - t0
