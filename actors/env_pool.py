@@ -58,6 +58,8 @@ class EnvPoolGrower:
         self.count = existing
         self.read_resources = read_resources or ray.cluster_resources
         self.started: list[Any] = []
+        self.assigned: dict[int, list[Any]] = {}
+        """Receiver index -> the sessions it was given (a restarted rollouter asks again)."""
         self._handing: set[asyncio.Task[None]] = set()
         self._stop = False
 
@@ -67,9 +69,11 @@ class EnvPoolGrower:
         n = sessions_wanted(self.count, units, self.config.max_sessions or 0)
         for _ in range(n):
             session = start_session(self.config, f"{self.prefix}-{self.count}")
-            receiver = self.receivers[self.count % len(self.receivers)]
+            index = self.count % len(self.receivers)
+            receiver = self.receivers[index]
             self.count += 1
             self.started.append(session)
+            self.assigned.setdefault(index, []).append(session)
             task = asyncio.create_task(self._hand_over(session, receiver))
             self._handing.add(task)
             task.add_done_callback(self._handing.discard)
@@ -97,6 +101,11 @@ class EnvPoolGrower:
 
     async def stop(self) -> None:
         self._stop = True
+
+    async def sessions_for(self, index: int) -> list[Any]:
+        """The sessions given to receiver `index` so far: Ray restarts a rollouter with its
+        constructor's arguments only, so a restarted one asks here for the rest."""
+        return list(self.assigned.get(index, []))
 
     async def sessions(self) -> list[Any]:
         """Handles of the sessions this grower started (the run stops them)."""

@@ -103,6 +103,7 @@ class Rollouter:
         sessions: list[Any],
         policy_app: str,
         shard: tuple[int, int] = (0, 1),
+        pool: str | None = None,
     ) -> None:
         self.c = config
         self.run_id = run_id
@@ -110,6 +111,9 @@ class Rollouter:
         mine = tasks[shard[0] :: shard[1]]
         self._tasks = {t.task_id: t for t in mine}
         self.name = f"rollouter-{shard[0]}"
+        self._index = shard[0]
+        self._pool = pool
+        """Name of the EnvPoolGrower actor that hands this rollouter more sessions, if any."""
         self.scheduler = Scheduler(
             mine,
             n_rollouts=config.rollout.n_rollouts,
@@ -182,8 +186,22 @@ class Rollouter:
     async def stats(self) -> RolloutReport:
         return self.report
 
+    async def _adopt_pool_sessions(self) -> None:
+        """Take back the sessions the pool handed this rollouter before it restarted (Ray
+        restarts it with its constructor's arguments: the sessions of the run's start)."""
+        if self._pool is None:
+            return
+        try:
+            pool = ray.get_actor(self._pool, namespace=self.c.cluster.namespace)
+        except ValueError:  # no pool (yet)
+            return
+        await self.add_sessions(await pool.sessions_for.remote(self._index))
+
     async def add_sessions(self, sessions: list[Any]) -> int:
-        """Take more sessions (a growing pool, `actors/env_pool.py`); used from the next start."""
+        """Take more sessions (a growing pool, `actors/env_pool.py`); used from the next start.
+        A session already held is ignored (the pool and a restart may both deliver it)."""
+        held = {s._actor_id for s in self.sessions}
+        sessions = [s for s in sessions if s._actor_id not in held]
         self.sessions.extend(sessions)
         for s in sessions:
             self.idle.put_nowait(s)
@@ -196,6 +214,7 @@ class Rollouter:
         """Keep `rollout.in_flight` episodes going until stopped, or until `max_groups` new
         groups have all finished (the synchronous baseline)."""
         self._stop = False
+        await self._adopt_pool_sessions()
         if self._first_run is None:
             self._first_run = time.monotonic()
         opened_at_start = self.scheduler.groups_opened

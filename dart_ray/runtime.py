@@ -283,6 +283,7 @@ def start(config: Config) -> Parts:
             sessions[i :: config.rollout.rollouters],
             app,
             (i, config.rollout.rollouters),
+            parts.names("env-pool") if config.env.max_sessions is not None else None,
         )
         for i in range(config.rollout.rollouters)
     ]

@@ -108,5 +108,53 @@ def test_a_crashed_session_aborts_the_episode_and_it_is_retried(
     store.dispose()
 
 
+@ray.remote(num_cpus=0)
+class _Pool:
+    """The EnvPoolGrower's side of the contract: `sessions_for(index)`."""
+
+    def __init__(self, given: list[ray.actor.ActorHandle]) -> None:
+        self.given = given
+
+    def sessions_for(self, index: int) -> list[ray.actor.ActorHandle]:
+        return self.given if index == 0 else []
+
+
+def test_a_restarted_rollouter_takes_back_the_sessions_the_pool_added(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Ray restarts a rollouter with its constructor's arguments (the run's first sessions).
+    The sessions the pool added later must not be lost: after the restart, `run()` takes
+    them back from the pool, once each."""
+    import time
+
+    cfg = _config(tmp_path, "curation.dynamic_rollouts=false")
+    open_store(cfg, init=True).dispose()
+    run_policy(cfg.policy, tiny_model_dir, name="policy-regrow", route_prefix="/regrow")
+    first, added = start_sessions(cfg.env, prefix="regrow")
+    pool = _Pool.options(name="env-pool:regrow", namespace="dart-ray").remote([added])  # type: ignore[attr-defined]
+    r = Rollouter.options(namespace="dart-ray").remote(  # type: ignore[attr-defined]
+        cfg, "run-g", load_tasks(split="train")[:3], [first], "policy-regrow", (0, 1),
+        "env-pool:regrow",
+    )  # fmt: skip
+    assert ray.get(r.add_sessions.remote([added])) == 2  # the pool hands it over while running
+    ray.kill(r, no_restart=False)  # Ray restarts it with [first] only
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # wait for the new incarnation (one session)
+        try:
+            if ray.get(r.stats.remote(), timeout=10).sessions == 1:
+                break
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            pass
+        time.sleep(0.5)
+    else:
+        raise AssertionError("the rollouter did not come back")
+    report = ray.get(r.run.remote(max_groups=1))
+    assert report.sessions == 2  # the added session is back, once
+    assert ray.get(r.add_sessions.remote([added])) == 2  # a second delivery changes nothing
+    for a in (first, added, pool, r):
+        ray.kill(a)
+    serve.delete("policy-regrow")
+
+
 def test_tiny_pixels_fixture_matches_the_sessions() -> None:
     assert TINY_TEST_PIXELS[1] >= 112 * 112  # 112x112 screens stay 16 tokens, not shrunk
