@@ -35,6 +35,7 @@ import gc
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import statistics
@@ -245,6 +246,8 @@ def bench_publish(
     handle = serve.run(build_app(cfg, model_dir), name=app, route_prefix=None)
     phases: dict[str, list[float]] = {"gather": [], "put": [], "load": [], "total": []}
     first: dict[str, float] = {}
+    base_mb = plasma_mb()
+    held_mb: list[float] = []
     try:
         for version in range(1, repeats + 2):
             with torch.no_grad():  # a new version: what an optimizer step would leave
@@ -260,6 +263,9 @@ def bench_publish(
             if len(report.replicas) != replicas or set(report.replicas.values()) != {version}:
                 raise RuntimeError(f"version {version} not on every replica: {report.replicas}")
             del ref, state
+            gc.collect()
+            time.sleep(1.0)  # what the registry holds once the publish has settled
+            held_mb.append(plasma_mb() - base_mb)
             got = {"gather": t1 - t0, "put": t2 - t1, "load": t3 - t2, "total": t3 - t0}
             if version == 1:
                 first = got
@@ -289,7 +295,17 @@ def bench_publish(
         "checkpoint": ck,
         "checkpoint_all": ckpt,
         "checkpoint_over_publish": ck["total_s"] / med["total"],
+        "object_store_held_mb": statistics.median(held_mb),
+        "object_store_copies": statistics.median(held_mb) / (nbytes / 2**20),
     }
+
+
+def plasma_mb() -> float:
+    """Object store memory in use on this node, MiB (Ray's memory summary)."""
+    from ray._private.internal_api import memory_summary
+
+    m = re.search(r"Plasma memory usage (\d+) MiB", memory_summary(stats_only=True))
+    return float(m.group(1)) if m else float("nan")
 
 
 # --------------------------------------------------------------------------- report
@@ -319,18 +335,20 @@ def render_steps(st: dict[str, Any]) -> None:
 def render_publish(publish: list[dict[str, Any]]) -> None:
     w = Table(title="weight publication, seconds (median; fp32; 2 HF replicas)")
     for c in ("size", "MB", "gather", "put", "all replicas loaded", "total", "first publish",
-              "ckpt save", "restart 2 engines", "ckpt total", "ckpt / publish"):  # fmt: skip
+              "ckpt save", "restart 2 engines", "ckpt total", "ckpt / publish",
+              "object store held (copies)"):  # fmt: skip
         w.add_column(c, justify="right")
     for r in publish:
         if "skipped" in r:
-            w.add_row(r["size"], *["-"] * 9, r["skipped"])
+            w.add_row(r["size"], *["-"] * 10, r["skipped"])
             continue
         p, c = r["publish_s"], r["checkpoint"]
         w.add_row(f"{r['size']} ({r['params'] / 1e6:.0f}M)", f"{r['bytes'] / 2**20:.0f}",
                   f"{p['gather']:.4f}", f"{p['put']:.3f}", f"{p['load']:.3f}", f"{p['total']:.3f}",
                   f"{r['first_publish_s']['total']:.3f}", f"{c['save_s']:.2f}",
                   f"{c['restart_s']:.2f}", f"{c['total_s']:.2f}",
-                  f"{r['checkpoint_over_publish']:.0f}x")  # fmt: skip
+                  f"{r['checkpoint_over_publish']:.0f}x",
+                  f"{r['object_store_held_mb']:.0f} MB ({r['object_store_copies']:.1f})")  # fmt: skip
     console.print(w)
 
 

@@ -37,6 +37,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from ray import ObjectRef, serve
+from ray.exceptions import ObjectLostError
 from ray.serve.config import AutoscalingConfig, DeploymentActorConfig
 from ray.serve.handle import DeploymentHandle
 
@@ -153,7 +154,18 @@ class PolicyServer:
         self.deployment = ctx.deployment
         version, refs = await serve.get_deployment_actor(REGISTRY).latest.remote()
         if version > self.engine.version:  # a replica started after a publish
-            await self.load_weights(version, refs)
+            try:
+                await self.load_weights(version, refs)
+            except ObjectLostError as e:  # its trainer died since: the next publish comes
+                log.warning(
+                    "replica %s: version %d is gone with the trainer that put it (%s); serving "
+                    "version %d from %s until the next publish",
+                    self.replica,
+                    version,
+                    type(e).__name__,
+                    self.engine.version,
+                    model_path,
+                )
 
     # ------------------------------------------------------------------ generation
 

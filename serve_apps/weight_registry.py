@@ -6,23 +6,21 @@ policy server records every publish here, in a deployment-scoped actor that Ray 
 with the deployment and removes with it, and a new replica loads the newest version before
 it takes traffic.
 
-The registry owns what it holds. The publisher's `ObjectRef` is owned by the train worker
-that put it, and an object dies with its owner: a replica restarted after a trainer restart
-would find nothing to load (`OwnerDiedError`) and never come up. So the registry records the
-borrowed reference at once (the broadcast is not delayed) and then, in the background, puts
-its own copy and drops the borrowed one: one copy of the newest weights lives as long as the
-deployment, whatever happens to the trainer.
+The registry holds the publisher's reference as it is: one copy of the weights in the object
+store per publish, the one the trainer put and every live replica loaded. (It used to put a
+copy of its own so the newest weights would outlive the trainer; that doubled the object
+store's share of every version, and `ray.put(..., _owner=...)`, which would have let the
+trainer put them on the registry's behalf, was removed in Ray 2.56.) An object dies with its
+owner, so after a trainer dies the newest weights are gone until the restarted trainer
+publishes again: a replica that starts in that window finds them lost and serves the weights
+of its model folder under that folder's version (`PolicyServer.__init__`), whose samples the
+curator's staleness bound then judges like any old ones, until the next publish reaches it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-
 import ray
 from ray import ObjectRef
-
-log = logging.getLogger(__name__)
 
 
 @ray.remote(num_cpus=0)
@@ -30,34 +28,13 @@ class WeightRegistry:
     def __init__(self) -> None:
         self.version = 0
         self.refs: list[ObjectRef] = []
-        self.owned = True
-        self._adopting: asyncio.Task[None] | None = None
 
     async def publish(self, version: int, refs: list[ObjectRef]) -> int:
         """Record `version` if it is newer than the one held; returns the version held."""
         if version > self.version:
-            self.version, self.refs, self.owned = version, list(refs), False
-            self._adopting = asyncio.get_running_loop().create_task(self._adopt(version))
+            self.version, self.refs = version, list(refs)
         return self.version
-
-    async def _adopt(self, version: int) -> None:
-        """Replace the borrowed reference of `version` by a copy this actor owns."""
-        try:
-            value = await self.refs[0]
-            own = ray.put(value)
-            del value
-        except Exception:  # the publisher died first: the next publish brings a new one
-            log.exception("could not take ownership of the weights of version %d", version)
-            return
-        if self.version == version:
-            self.refs, self.owned = [own], True
 
     async def latest(self) -> tuple[int, list[ObjectRef]]:
         """(version, refs) of the newest publish; (0, []) before any."""
         return self.version, list(self.refs)
-
-    async def owns_latest(self) -> bool:
-        """True once the newest weights are held in a copy of the registry's own."""
-        if self._adopting is not None:
-            await asyncio.shield(self._adopting)
-        return self.owned
