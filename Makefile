@@ -14,7 +14,8 @@ STAMP := $(VENV)/.installed-stamp
 TORCH_SPEC ?= torch==2.13.0
 # `learning` (the 25-minute RL run of docs/LEARNING.md) does not fit CI's hour with the rest:
 # `make test-learning` runs it.
-PYTEST_ARGS ?= -m "not gpu and not learning"
+# `schedule` (the seeded 50-fault schedule, about 20 minutes) neither: `make test-fault-schedule`.
+PYTEST_ARGS ?= -m "not gpu and not learning and not schedule"
 ARGS ?=
 # The vLLM engine and its tests run in a second venv (scripts/setup-vllm-venv.sh says why).
 # TEST_VLLM=0 skips that tier. Only the folders holding `vllm` tests are collected there, so a
@@ -23,7 +24,7 @@ VLLM_VENV ?= .venv-vllm
 TEST_VLLM ?= 1
 VLLM_PYTEST_ARGS ?= -m vllm tests/engines tests/serve_apps
 
-.PHONY: run test test-learning test-vllm vllm-venv lint install clean
+.PHONY: run test test-learning test-fault-schedule test-vllm vllm-venv lint install clean
 
 install: $(STAMP)
 
@@ -49,6 +50,10 @@ test: $(STAMP) lint
 
 test-learning: $(STAMP)
 	$(VENV)/bin/pytest -m learning -s tests/test_learning.py
+
+test-fault-schedule: $(STAMP)
+	bash scripts/install-test-deps.sh
+	$(VENV)/bin/pytest -m schedule -s tests/test_fault_schedule.py
 
 vllm-venv:
 	bash scripts/setup-vllm-venv.sh $(VLLM_VENV)
