@@ -199,6 +199,13 @@ HOW: dict[str, How] = {
     ),
     r"make test": How("check", _ci_runs_it),
     r"dart-ray (sft|eval|train) -c configs/learning\.toml .*": How("check", _cli_parses),
+    r"make test-fault-schedule": How(
+        "check",
+        _covered(
+            "tests/test_fault_schedule.py::"
+            "test_a_seeded_schedule_of_fifty_faults_loses_and_repeats_nothing"
+        ),
+    ),
     r"make test-learning": How(
         "check", _covered("tests/test_learning.py::test_rl_lifts_heldout_success_by_15_points")
     ),
