@@ -212,6 +212,15 @@ class Curator:
             if ts is not None:
                 self.core.forget(ts.step_id)
 
+    async def release_step(self, session: int, step: int) -> int:
+        """The trainer will not train step `step` (its rows were no longer all held): give
+        back what is still held and forget the step."""
+        ts = self._bound.pop(step, None) if session == self._session else None
+        if ts is None:
+            return 0
+        async with self._lock:
+            return await asyncio.to_thread(self.core.release, ts.step_id)
+
     async def ack_step(self, session: int, step: int) -> int:
         """Acknowledge step `step` through the curator (for trainers that do not do it
         themselves). Returns 0 for a step this actor does not know (it restarted after

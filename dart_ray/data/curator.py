@@ -364,7 +364,10 @@ class CuratorCore:
             held = [r for r in c.rows if r.id in self._claims]
             if held:
                 sub = Claim(c.claim_id, c.consumer, c.run_id, tuple(held), c.lease_expires_at)
-                self.log.renew(sub, self.s.lease_s)
+                try:
+                    self.log.renew(sub, self.s.lease_s)
+                except LeaseLostError as e:  # the trainer will skip steps of these rows
+                    log.warning("curator: %s", e)
 
     def _update_gauges(self) -> None:
         self.metrics.queue_depth = len(self.queue)

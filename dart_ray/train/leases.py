@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from dart_ray.store.log import Claim, DurableLog
+from dart_ray.store.log import Claim, DurableLog, LeaseLostError
 
 
 class LeaseKeeper:
@@ -33,6 +33,22 @@ class LeaseKeeper:
         """Take over a trained step's claims, and renew every held lease now."""
         self.held[step] = list(claims)
         self.renew()
+
+    def take(self, step: int, claims: tuple[Claim, ...] | list[Claim]) -> bool:
+        """Before training a step: renew every held lease, then the step's own claims.
+
+        A trained step whose rows were lost raises LeaseLostError: the weights already hold
+        those rows and someone else may train them, so the trainer must start again from its
+        durable checkpoint. A step whose own rows are no longer held (their lease lapsed, or a
+        resume settled them as trained into a checkpoint) returns False: it must not be
+        trained, and nothing of it is held."""
+        self.renew()
+        try:
+            renewed = [self.log.renew(c, self.lease_s) for c in claims]
+        except LeaseLostError:
+            return False
+        self.held[step] = renewed
+        return True
 
     def heartbeat(self) -> bool:
         """Renew if a third of the lease has passed since the last renewal; whether it did."""

@@ -3,7 +3,8 @@
     for each step k:
         shard_k = curator.get_shard(session, k, rank)  # every rank: a shard of the same step
         learner.step(shard_k)                           # FSDP2 forward/backward/clip/AdamW
-        rank 0 takes over step k's claims (a heartbeat renews their leases, also while waiting)
+        rank 0 takes over step k's claims first (a step whose rows are no longer held is
+            skipped by every rank); a heartbeat renews the leases, also while waiting
         every sync_every steps: version += 1
             gather the full state dict (all ranks) -> rank 0: pack, ray.put once,
             policy.update_weights (every replica loads in place), checkpoint row
@@ -148,9 +149,14 @@ class Publisher:
     def pending(self) -> dict[int, list[Claim]]:
         return self.leases.held
 
-    def hold(self, step: int, claims: tuple[Claim, ...]) -> None:
-        """Take over a trained step's claims, and keep every held lease alive."""
-        self.leases.hold(step, claims)
+    def take(self, step: int, claims: tuple[Claim, ...]) -> bool:
+        """Take over a step's claims before training it (False: its rows are no longer held,
+        so it must not be trained; the curator forgets it)."""
+        if self.leases.take(step, claims):
+            return True
+        log.warning("step %d: its rows are no longer held (lease lapsed or settled); skipped", step)
+        ray.get(self.curator.release_step.remote(self.job.session, step))
+        return False
 
     def publish(self, version: int, state: dict[str, torch.Tensor]) -> tuple[int, float]:
         """Put once, every replica loads in place; returns (checkpoint id, seconds)."""
@@ -190,6 +196,9 @@ class Publisher:
             at = TrainerState(at.step, at.version, tuple(lineage))
             out = Path(self.job.run_dir) / "checkpoints" / f"v{at.version}"
             path = str(save_checkpoint(out, model, state, opt_state, Path(self.job.model_dir), at))
+            # every trained row must still be held before the checkpoint becomes the durable
+            # record of its training (LeaseLostError: restart from the previous one)
+            self.leases.renew()
         if completed:
             if path is not None:
                 self.store.checkpoints.attach(cid, path)
@@ -296,11 +305,14 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             break
         shard, info = res
         check_same_step(step, info.claims)
+        if _any(pub is not None and not pub.take(step, info.claims)):
+            step += 1  # rank 0 found the step's rows gone: no rank trains it
+            continue
         t0 = time.monotonic()
         metrics = learner.step(shard, version if step == synced_step else None)
         metrics["step_s"] = time.monotonic() - t0
         if pub is not None:
-            pub.hold(step, info.claims)
+            pub.leases.renew()  # the step may have taken a good part of the lease
         step += 1
         metrics.update(step=step, samples=info.num_samples, mean_reward=info.mean_reward)
         if step % c.train.sync_every == 0:

@@ -41,3 +41,25 @@ def test_heartbeat_is_quiet_until_a_third_of_the_lease_passed(log: DurableLog) -
     assert keeper.heartbeat() is True  # nothing held: renews nothing, restarts the period
     now[0] = 15.0
     assert keeper.heartbeat() is False
+
+
+def test_a_step_whose_rows_are_no_longer_held_is_not_taken(log: DurableLog) -> None:
+    """A resume settled these rows as trained into a durable checkpoint while the curator
+    still had them queued: the trainer must not train them again, so `take` refuses the
+    step. Rows of an already trained step that were lost make the trainer restart."""
+    import pytest
+
+    from dart_ray.store.log import LeaseLostError
+
+    log.append_many([(make_trajectory(f"t{i}", run_id="r"), f"/b/{i}") for i in range(4)])
+    trained = log.claim("r", 2, consumer="curator", lease_s=60)
+    queued = log.claim("r", 2, consumer="curator", lease_s=60)
+    keeper = LeaseKeeper(log, lease_s=60)
+    assert keeper.take(0, (trained,))
+    assert log.consume_lineage("r", queued.row_ids, in_version=3) == 2
+    assert keeper.take(1, (queued,)) is False
+    assert list(keeper.held) == [0]
+    # now the trained step's rows go too (a resume settled them): the next take raises
+    log.consume_lineage("r", trained.row_ids, in_version=3)
+    with pytest.raises(LeaseLostError):
+        keeper.take(2, ())
