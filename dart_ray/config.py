@@ -204,9 +204,10 @@ class PolicyConfig(_Section):
     """Inference engine: `hf` (transformers, CPU or GPU) or `vllm`."""
     replicas: int = Field(default=1, ge=1)
     """Policy server replicas (Ray Serve)."""
-    temperature: float = Field(default=1.0, gt=0)
-    """Sampling temperature of rollouts (> 0: RL learns from sampled tokens and their
-    log-probs, which greedy decoding does not have; held-out evaluation is greedy by itself)."""
+    temperature: float = Field(default=1.0, ge=0)
+    """Sampling temperature (0 = greedy: a policy server's default for its HTTP route; a run
+    refuses it, since RL learns from sampled tokens and their log-probs, which greedy
+    decoding does not have; held-out evaluation is greedy by itself)."""
     top_k: int = Field(default=0, ge=0)
     """Sample among the k most likely tokens (0: all). The trainer scores the same truncated
     distribution."""
@@ -477,6 +478,15 @@ class Config(_Section):
     store: StoreConfig = StoreConfig()
     cluster: ClusterConfig = ClusterConfig()
 
+    @model_validator(mode="after")
+    def _rollouts_sample(self) -> Config:
+        if self.policy.temperature == 0:
+            raise ValueError(
+                "policy.temperature = 0: rollouts must sample (temperature > 0): greedy tokens "
+                "have no log-probs to learn from; held-out evaluation is greedy by itself"
+            )
+        return self
+
     def redacted(self) -> dict[str, Any]:
         """A JSON-able dict safe to print, log or store (secrets masked)."""
         return redact(self.model_dump(mode="json"))
@@ -544,8 +554,8 @@ def _format_validation_error(err: ValidationError, source: str, tree: dict[str, 
         for p in e["loc"]:
             value = value.get(p) if isinstance(value, dict) else None  # type: ignore[assignment]
         msg = e["msg"].removeprefix("Value error, ")
-        if isinstance(value, dict):  # a whole section's rule: the message names its keys
-            lines.append(f"  {loc}: {msg}")
+        if isinstance(value, dict):  # a section's (or the tree's) rule: the message names its keys
+            lines.append(f"  {loc}: {msg}" if loc else f"  {msg}")
             continue
         shown = MASK if _SECRET_KEY.search(loc) else redact(value, loc)
         lines.append(f"  {loc} = {shown!r}: {msg}")

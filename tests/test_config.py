@@ -43,7 +43,7 @@ def test_overrides_take_toml_values() -> None:
         ("algo.eps_hihg=0.2", "algo.eps_hihg: unknown key"),
         ("nosuch.key=1", "nosuch: unknown key"),
         ("run.run_id=../x", "run.run_id = '../x': must be 1-128 characters"),
-        ("policy.temperature=0", "policy.temperature = 0: Input should be greater than 0"),
+        ("policy.temperature=0", "  policy.temperature = 0: rollouts must sample"),
         ("policy.top_k=-1", "policy.top_k = -1: Input should be greater than or equal to 0"),
         ("train.ppo_epochs=0", "train.ppo_epochs = 0: Input should be greater than or equal to 1"),
         ("algo.off_policy=tis", "algo.off_policy = 'tis': Input should be 'token_tis'"),

@@ -51,6 +51,9 @@ def test_fsdp_trainer_publishes_versions_and_resumes(tiny_model_dir: Path, tmp_p
         "train.save_every=2",
         "curation.group_size=4",
         "curation.groups_per_step=1",
+        # the groups are all logged at version 0 and trained up to version 4: publishing and
+        # resuming are under test, not the staleness bound (which would drop the last group)
+        "curation.max_staleness=10",
         "policy.num_cpus=0.3",
         "policy.http_port=8123",
     ]

@@ -274,8 +274,17 @@ class Desktop:
         if apps is not None:
             self.m.startup_apps = [str(a) for a in apps]
         self.m.reset()
-        pids = {a.proc.pid for a in self.m.apps}
-        ok = all(self.wait_for_window(lambda w, p=p: w.pid == p) for p in pids)
+        # the start-up apps' windows, with the patience of /setup/launch: a loaded machine
+        # (CI) can take well over 10 s to map an xterm
+        deadline = time.monotonic() + 30.0
+        ok = all(
+            self.wait_for_window(
+                lambda w, p=a.proc.pid: w.pid == p,
+                deadline - time.monotonic(),
+                gone=lambda p=a.proc: p.poll() is not None,
+            )
+            for a in self.m.apps
+        )
         return json_reply(
             {
                 "status": "success" if ok else "error",
