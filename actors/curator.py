@@ -119,7 +119,7 @@ class Curator:
     def __init__(
         self, config: Config, run_id: str, num_ranks: int, poll_interval_s: float = 0.5
     ) -> None:
-        store = open_store(config)
+        store = open_store(config, wait=True)
         self.core = CuratorCore(
             store.log, store.blobs, settings_from_config(config, run_id, num_ranks)
         )

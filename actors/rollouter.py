@@ -107,7 +107,7 @@ class Rollouter:
     ) -> None:
         self.c = config
         self.run_id = run_id
-        self.store = open_store(config)
+        self.store = open_store(config, wait=True)
         mine = tasks[shard[0] :: shard[1]]
         self._tasks = {t.task_id: t for t in mine}
         self.name = f"rollouter-{shard[0]}"

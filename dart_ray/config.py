@@ -434,6 +434,10 @@ class StoreConfig(_Section):
     """Retries of a statement on a transient error (server restart, deadlock, lock)."""
     retry_backoff_s: float = Field(default=0.25, gt=0)
     """First retry delay; doubles each retry, capped at 5 s."""
+    reconnect_wait_s: float = Field(default=120.0, ge=0)
+    """How long a part that Ray restarts (curator, rollouter, train worker) waits at start for
+    a database that is down before it gives up (a restart of both at once must not kill the
+    part for good). Commands (`dart-ray status`, ...) fail at once."""
     connect_timeout_s: float = Field(default=5.0, gt=0)
     """Seconds to wait for a connection to the server."""
 

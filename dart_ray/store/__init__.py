@@ -96,14 +96,18 @@ def _create_database(url: URL) -> None:
         server.dispose()
 
 
-def open_store(config: Config, *, init: bool = False) -> Store:
-    """Connect to the log and blob storage the config names; `init` creates what is missing."""
+def open_store(config: Config, *, init: bool = False, wait: bool = False) -> Store:
+    """Connect to the log and blob storage the config names; `init` creates what is missing.
+    `wait`: wait up to `store.reconnect_wait_s` for a database that is down (the parts Ray
+    restarts: their constructor must outlast a database restart); else fail at once."""
     sc = config.store
     url = resolve_url(config)
     retry = RetryPolicy(retries=sc.retries, backoff_s=sc.retry_backoff_s)
     engine = create_engine(url, pool_size=sc.pool_size, connect_timeout_s=sc.connect_timeout_s)
     try:
-        check_connection(engine, backoff_s=sc.retry_backoff_s)
+        check_connection(
+            engine, backoff_s=sc.retry_backoff_s, wait_s=sc.reconnect_wait_s if wait else 0.0
+        )
     except StoreError as e:
         if init and url.get_backend_name() == "mysql" and "does not exist" in str(e):
             engine.dispose()

@@ -370,18 +370,25 @@ def snapshot(engine: Engine) -> Iterator[sa.Connection]:
         yield c
 
 
-def check_connection(engine: Engine, attempts: int = 2, backoff_s: float = 0.25) -> None:
+def check_connection(
+    engine: Engine, attempts: int = 2, backoff_s: float = 0.25, wait_s: float = 0.0
+) -> None:
     """Open a connection (a second try after a short pause covers a server that is just
-    starting) or raise a one-line StoreError. Quiet: the caller reports the outcome."""
-    for attempt in range(attempts):
+    starting) or raise a one-line StoreError. Quiet: the caller reports the outcome.
+    `wait_s`: keep trying transient errors that long (a part restarted by Ray while the
+    database itself restarts must wait for it, not die in its constructor for good)."""
+    deadline = time.monotonic() + wait_s
+    attempt = 0
+    while True:
         try:
             with engine.connect() as c:
                 c.execute(sa.text("SELECT 1"))
             return
         except DBAPIError as e:
-            if not is_transient(e) or attempt == attempts - 1:
+            attempt += 1
+            if not is_transient(e) or (attempt >= attempts and time.monotonic() >= deadline):
                 raise StoreError(describe_error(e, engine.url)) from None
-            time.sleep(backoff_s)
+            time.sleep(backoff_s * min(8, attempt))
 
 
 def init_schema(engine: Engine) -> None:

@@ -263,7 +263,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     model, learner = _build(job)
     curator = ray.get_actor(job.curator, namespace=job.namespace)
     control = ray.get_actor(job.control, namespace=job.namespace)
-    store = open_store(c) if rank == 0 else None
+    store = open_store(c, wait=True) if rank == 0 else None
     pub = Publisher(job, store, curator) if store is not None else None
     step, version = job.start.step, job.start.version
     synced_step, saved_step = step, step
