@@ -284,8 +284,13 @@ class _Metrics:
 
 
 def session_options(config: EnvConfig) -> dict[str, Any]:
-    """Ray actor options for a session: fractional CPUs and the custom env resource."""
-    opts: dict[str, Any] = {"num_cpus": config.num_cpus, "max_restarts": 3, "max_task_retries": 0}
+    """Ray actor options for a session: fractional CPUs and the custom env resource.
+
+    Restarted however often its process dies (a long run kills sessions many times: OOM,
+    node loss); a session whose constructor fails is not restarted by Ray, so a broken
+    configuration still fails at once. With a cap (it was 3), a run whose every session had
+    died four times had no environment left and stalled (found by the fault schedule)."""
+    opts: dict[str, Any] = {"num_cpus": config.num_cpus, "max_restarts": -1, "max_task_retries": 0}
     if config.resource:
         opts["resources"] = {config.resource: 1}
     return opts

@@ -92,6 +92,26 @@ def test_session_options_request_fractional_cpu_and_the_env_resource() -> None:
         ray.kill(s)
 
 
+def test_a_session_comes_back_however_often_its_process_dies() -> None:
+    """Five deaths of the same session (more than the old cap of 3 restarts): it answers
+    after each. A run that had lost every session this way stalled for good."""
+    import time
+
+    s = start_session(EnvConfig(num_cpus=0.05, resource="env"), "md-phoenix")
+    assert ray.get(s.stats.remote(), timeout=60).name == "md-phoenix"
+    for _ in range(5):
+        ray.kill(s, no_restart=False)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                assert ray.get(s.stats.remote(), timeout=30).name == "md-phoenix"
+                break
+            except ray.exceptions.RayActorError:
+                assert time.monotonic() < deadline, "the session did not come back"
+                time.sleep(0.5)
+    ray.kill(s)
+
+
 def test_env_aborted_survives_pickling_with_its_detail() -> None:
     import pickle
 
