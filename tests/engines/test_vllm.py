@@ -101,42 +101,6 @@ def test_sampled_logprobs_are_those_of_the_sampling_distribution(
     assert torch.allclose(torch.tensor(g.logprobs), want, atol=1e-2)
 
 
-def test_in_place_update_changes_the_answers(
-    vllm_engine: VLLMEngine, tiny_model_dir: Path, loop: asyncio.AbstractEventLoop
-) -> None:
-    before = _gen(vllm_engine, loop, REQUESTS, GREEDY)
-    hf = HFEngine(tiny_model_dir)
-    new = {k: v * 1.3 for k, v in hf.model.state_dict().items()}
-    hf.model.load_state_dict(new)
-    seconds = loop.run_until_complete(vllm_engine.update_weights(1, pack(new)))
-    after, want = _gen(vllm_engine, loop, REQUESTS, GREEDY), _gen(hf, loop, REQUESTS, GREEDY)
-    assert seconds > 0 and vllm_engine.version == 1
-    assert [g.response_ids for g in after] != [g.response_ids for g in before]
-    same = 0
-    for req, v, h in zip(REQUESTS, after, want, strict=True):
-        assert v.weight_version == 1
-        same += v.response_ids == h.response_ids
-        # Scored by transformers with the new weights, every token vLLM chose is an argmax
-        # (to float noise: two float32 kernels can break a near-tie differently) and its
-        # log-prob is vLLM's. With the old weights still loaded both would be far off.
-        z = _logits(hf, req, v)
-        chosen = z.gather(-1, torch.tensor(v.response_ids)[:, None])[:, 0]
-        assert torch.all(z.max(-1).values - chosen < 2e-2)
-        want_lp = z.log_softmax(-1).gather(-1, torch.tensor(v.response_ids)[:, None])[:, 0]
-        assert torch.allclose(torch.tensor(v.logprobs), want_lp, atol=2e-2)
-    assert same >= 2  # and most answers are token for token the same
-
-
-def test_checkpoint_names_are_the_saved_layout() -> None:
-    assert checkpoint_name("model.language_model.layers.0.mlp.up_proj.weight") == (
-        "model.layers.0.mlp.up_proj.weight"
-    )
-    assert (
-        checkpoint_name("model.visual.patch_embed.proj.weight") == "visual.patch_embed.proj.weight"
-    )
-    assert checkpoint_name("lm_head.weight") == "lm_head.weight"
-
-
 @pytest.mark.parametrize(
     ("temperature", "top_k", "top_p"),
     [(2.0, 0, 1.0), (1.5, 120, 0.95)],
@@ -150,7 +114,10 @@ def test_sampled_frequencies_match_the_recorded_distribution(
     top_k: int,
     top_p: float,
 ) -> None:
-    """3,000 first tokens of one prompt through vLLM (temperature 2 is its maximum): the log-probs it records (processed
+    """(Runs before the in-place update test below, which changes the module's engine's
+    weights: the transformers reference here is built from the folder's.)
+
+    3,000 first tokens of one prompt through vLLM (temperature 2 is its maximum): the log-probs it records (processed
     mode, whole vocabulary) describe the distribution its tokens are drawn from (chi-square,
     the mass beyond rank 50), and that distribution is the one built by hand from the
     transformers logits (temperature, top-k, top-p), to float noise."""
@@ -192,3 +159,39 @@ def test_sampled_frequencies_match_the_recorded_distribution(
     assert 0.5 * (p - want).abs().sum() < 0.01  # total variation, vLLM vs transformers
     if temperature == 2.0:  # vLLM's highest; most of the mass still lies beyond rank 50
         assert stats["tail_mass"] > 0.4
+
+
+def test_in_place_update_changes_the_answers(
+    vllm_engine: VLLMEngine, tiny_model_dir: Path, loop: asyncio.AbstractEventLoop
+) -> None:
+    before = _gen(vllm_engine, loop, REQUESTS, GREEDY)
+    hf = HFEngine(tiny_model_dir)
+    new = {k: v * 1.3 for k, v in hf.model.state_dict().items()}
+    hf.model.load_state_dict(new)
+    seconds = loop.run_until_complete(vllm_engine.update_weights(1, pack(new)))
+    after, want = _gen(vllm_engine, loop, REQUESTS, GREEDY), _gen(hf, loop, REQUESTS, GREEDY)
+    assert seconds > 0 and vllm_engine.version == 1
+    assert [g.response_ids for g in after] != [g.response_ids for g in before]
+    same = 0
+    for req, v, h in zip(REQUESTS, after, want, strict=True):
+        assert v.weight_version == 1
+        same += v.response_ids == h.response_ids
+        # Scored by transformers with the new weights, every token vLLM chose is an argmax
+        # (to float noise: two float32 kernels can break a near-tie differently) and its
+        # log-prob is vLLM's. With the old weights still loaded both would be far off.
+        z = _logits(hf, req, v)
+        chosen = z.gather(-1, torch.tensor(v.response_ids)[:, None])[:, 0]
+        assert torch.all(z.max(-1).values - chosen < 2e-2)
+        want_lp = z.log_softmax(-1).gather(-1, torch.tensor(v.response_ids)[:, None])[:, 0]
+        assert torch.allclose(torch.tensor(v.logprobs), want_lp, atol=2e-2)
+    assert same >= 2  # and most answers are token for token the same
+
+
+def test_checkpoint_names_are_the_saved_layout() -> None:
+    assert checkpoint_name("model.language_model.layers.0.mlp.up_proj.weight") == (
+        "model.layers.0.mlp.up_proj.weight"
+    )
+    assert (
+        checkpoint_name("model.visual.patch_embed.proj.weight") == "visual.patch_embed.proj.weight"
+    )
+    assert checkpoint_name("lm_head.weight") == "lm_head.weight"
