@@ -1,5 +1,6 @@
 """A seeded fault schedule (markers `slow`, `mysql`, `schedule`; `make test-fault-schedule`):
-50 faults of seven kinds at random moments of one run, at the timings where exactly-once is
+50 faults of seven kinds at random moments of one run (a fault that finds its part still
+restarting from an earlier one does not count; the schedule goes on until 50 have landed), at the timings where exactly-once is
 hardest: durable checkpoints every 3 versions (rows wait for their ack), leases of 8 s, and a
 trainer that stalls longer than a lease. At the end `dart-ray audit` must find nothing lost
 and nothing trained twice, and versions must only have gone up.
@@ -71,7 +72,8 @@ def test_a_seeded_schedule_of_fifty_faults_loses_and_repeats_nothing(world: Worl
     try:
         v = world.wait_version(run, 1, proc, timeout_s=600)
         first = v
-        for i in range(FAULTS):
+        i = 0
+        while sum(done.values()) < FAULTS and i < 3 * FAULTS:  # 50 that land, not 50 tries
             time.sleep(rng.uniform(1.0, 10.0))  # a random moment
             kind = rng.choice(sorted(kinds))
             try:
@@ -81,8 +83,9 @@ def test_a_seeded_schedule_of_fifty_faults_loses_and_repeats_nothing(world: Worl
                 missed[kind] += 1
             if proc.poll() is not None:
                 raise AssertionError(f"the run died after fault {i}:\n{world.log(run)}")
-            if i % 10 == 9:  # the run still makes progress between bursts of faults
-                v = world.wait_version(run, v + 1, proc, timeout_s=600)
+            i += 1
+            if sum(done.values()) % 10 == 0 and kind in done and done[kind]:
+                v = world.wait_version(run, v + 1, proc, timeout_s=600)  # progress goes on
         v = world.wait_version(run, v + 1, proc, timeout_s=600)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=900) == 0, world.log(run)
@@ -110,4 +113,4 @@ def test_a_seeded_schedule_of_fifty_faults_loses_and_repeats_nothing(world: Worl
         with open(path, "w") as f:
             json.dump(summary, f, indent=2)
     assert "BREACH" not in out and not audit["breaches"]
-    assert sum(done.values()) >= FAULTS - 5 and len(done) == len(kinds)
+    assert sum(done.values()) >= FAULTS and len(done) == len(kinds)
