@@ -130,6 +130,8 @@ class _Part:
     scale_tok: float
     scale_seq: float
     prox: list[torch.Tensor | None]
+    tokens: float = 0.0
+    """Response tokens of the minibatch on all ranks."""
     """Proximal log-probs per micro-batch (None: take them from the step's own forward)."""
 
 
@@ -226,7 +228,7 @@ class Learner:
         # FSDP averages gradients over ranks: multiply back by the world size, and divide by
         # the global count so the result is the global mean of the token (sequence) losses.
         return [
-            _Part(m, int(n), world / max(t, 1.0), world / max(q, 1.0), [None] * len(m))
+            _Part(m, int(n), world / max(t, 1.0), world / max(q, 1.0), [None] * len(m), t)
             for m, n, t, q in zip(micro, passes, tok, seq, strict=True)
         ]
 
@@ -362,9 +364,7 @@ class Learner:
         metrics["loss"] = _all_reduce([sums.get("loss", 0.0)], dist.ReduceOp.SUM)[0] / (
             world * updates
         )
-        metrics["tokens"] = _all_reduce(
-            [sum(float(b.response_mask.sum()) for p in parts for b in p.micro)], dist.ReduceOp.SUM
-        )[0]  # response tokens of the batch, all ranks
+        metrics["tokens"] = sum(p.tokens for p in parts)  # response tokens, all ranks
         metrics["clip_frac_last"] = last_clip
         metrics["updates"] = float(updates)
         metrics["micro_batches"] = float(sum(p.passes for p in parts))
