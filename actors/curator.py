@@ -246,8 +246,11 @@ class Curator:
         return m
 
     async def shutdown(self) -> int:
-        """Stop polling and give every unacknowledged row back to the pool."""
-        if self._poller is not None:
-            self._poller.cancel()
+        """Stop polling and give every unacknowledged row back to the pool. The lock is
+        taken first: cancelling the poller cannot stop a poll already running in its thread,
+        and rows that poll claimed after the release would stay CLAIMED until their lease
+        ran out."""
         async with self._lock:
+            if self._poller is not None:
+                self._poller.cancel()
             return await asyncio.to_thread(self.core.release_all)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -107,5 +108,33 @@ def test_killed_curator_restarts_and_nothing_is_handed_out_twice(tmp_path: Path)
     assert ray.get(cur.ack_step.remote(1, 1)) == 4
     assert ray.get(cur.ack_step.remote(1, 0)) == 0  # unknown to the new life: nothing acked twice
     assert store.log.buffer("run-a") == {(0, RowState.CONSUMED): 8}
+    ray.kill(cur)
+    store.dispose()
+
+
+def test_shutdown_during_a_poll_leaves_nothing_claimed(tmp_path: Path) -> None:
+    """The poller's database work runs in a thread that cancelling the poller cannot stop:
+    shutdown must wait for it, or the rows that poll claims after the release stay CLAIMED
+    (seen at the end of a sync-mode run in CI)."""
+    cfg, store = setup(tmp_path, "curation.groups_per_step=1")
+    cur = Curator.remote(cfg, "run-a", 1, 0.05)  # type: ignore[attr-defined]
+
+    def slow_polls(self_: object) -> None:
+        core = self_.core  # type: ignore[attr-defined]
+        poll = core.poll
+
+        def slow(now: float | None = None) -> int:
+            time.sleep(1.0)
+            return poll(now)
+
+        core.poll = slow
+
+    ray.get(cur.__ray_call__.remote(slow_polls))  # type: ignore[attr-defined]
+    ray.get(cur.start.remote())
+    write_group(store.log, store.blobs, "a", 0, [1.0, 0.0, 0.0, 0.0])
+    time.sleep(1.5)  # a poll is inside its 1 s sleep now, in its worker thread
+    ray.get(cur.shutdown.remote())
+    time.sleep(1.5)  # had shutdown not waited, that poll has claimed by now
+    assert RowState.CLAIMED not in {state for _, state in store.log.buffer("run-a")}
     ray.kill(cur)
     store.dispose()
