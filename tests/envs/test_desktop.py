@@ -334,3 +334,21 @@ def test_configured_apps_start_fresh_on_every_reset() -> None:
         assert len(first) == len(second) == 1 and first != second
     finally:
         env.close()
+
+
+def test_a_dead_window_manager_is_restarted_before_an_app_is_launched(
+    desk: LocalDesktopEnv,
+) -> None:
+    """Windows are found through the list the window manager keeps: an app launched while it
+    is dead (or not yet up) never shows, and the launch failed after its whole timeout."""
+    c = desk.client
+    assert c is not None and desk._proc is not None
+    desk.reset(next(t for t in load_desktop_tasks() if t.task_id == "term-copy"))
+    server = psutil.Process(desk._proc.pid)
+    wms = [p for p in server.children(recursive=True) if p.name() == "openbox"]
+    assert wms
+    for p in wms:
+        p.kill()
+    psutil.wait_procs(wms, timeout=10)
+    r = c.request("POST", "/setup/launch", json={"command": ["xterm"], "timeout": 10})
+    assert r.json()["status"] == "success"

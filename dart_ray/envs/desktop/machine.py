@@ -23,6 +23,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -121,7 +122,7 @@ class Machine:
             "PS1": r"\w$ ",
         }
 
-    def reset(self) -> None:
+    def reset(self, wm_ready: Callable[[], bool] = lambda: True) -> None:
         """Kill every app, fresh HOME, window manager up, start-up apps launched."""
         self.stop_apps()
         if self.home != Path() and self.home.exists():
@@ -132,10 +133,21 @@ class Machine:
             (self.home / sub).mkdir(parents=True, exist_ok=True)
         (self.root / "run").mkdir(mode=0o700, exist_ok=True)
         (self.home / ".bashrc").write_text("PS1='\\w$ '\n")
-        if self._wm is None or self._wm.poll() is not None:
-            self._wm = self._spawn([self.window_manager, "--sm-disable"])
+        self.ensure_wm(wm_ready)
         for name in self.startup_apps:
             self.launch_app(name)
+
+    def ensure_wm(self, wm_ready: Callable[[], bool], timeout_s: float = 15.0) -> bool:
+        """Start the window manager if it is not running and wait until it has announced
+        itself: an app mapped before that may never be listed in `_NET_CLIENT_LIST`."""
+        if self._wm is None or self._wm.poll() is not None:
+            self._wm = self._spawn([self.window_manager, "--sm-disable"])
+        deadline = time.monotonic() + timeout_s
+        while not wm_ready():
+            if time.monotonic() > deadline or self._wm.poll() is not None:
+                return False
+            time.sleep(0.05)
+        return True
 
     def close(self) -> None:
         self.stop_apps()

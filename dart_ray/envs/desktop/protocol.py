@@ -167,6 +167,7 @@ class Desktop:
         # A program that exits before showing a window (seen: an xterm on a loaded CI host) is
         # started again, up to three tries in all.
         deadline = time.monotonic() + float(b.get("timeout", 30))
+        wm = self.m.ensure_wm(self.x.wm_ready)
         for _ in range(3):
             try:
                 app = self.m.launch_app(argv[0], *argv[1:])
@@ -183,6 +184,8 @@ class Desktop:
         if not shown:
             code = app.proc.poll()
             why = "is still starting" if code is None else f"exited with status {code}"
+            if not wm:
+                why += f" (the window manager {self.m.window_manager!r} is not running)"
             return json_reply(
                 {"status": "error", "message": f"{app.name} showed no window: it {why}"}, 500
             )
@@ -273,7 +276,7 @@ class Desktop:
         apps = b.get("apps")
         if apps is not None:
             self.m.startup_apps = [str(a) for a in apps]
-        self.m.reset()
+        self.m.reset(wm_ready=self.x.wm_ready)
         # the start-up apps' windows, with the patience of /setup/launch: a loaded machine
         # (CI) can take well over 10 s to map an xterm
         deadline = time.monotonic() + 30.0

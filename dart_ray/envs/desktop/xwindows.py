@@ -48,6 +48,7 @@ class XWindows:
                 "_NET_ACTIVE_WINDOW",
                 "_NET_WM_NAME",
                 "_NET_WM_PID",
+                "_NET_SUPPORTING_WM_CHECK",
                 "UTF8_STRING",
             )
         }
@@ -58,6 +59,15 @@ class XWindows:
     def _prop(self, win: Any, name: str, kind: int = X.AnyPropertyType) -> Any:
         p = win.get_full_property(self._atoms[name], kind)
         return None if p is None else p.value
+
+    def wm_ready(self) -> bool:
+        """True once a window manager has announced itself (EWMH's supporting-WM check
+        window on the root): from then on new windows are managed and listed."""
+        with self._lock:
+            try:
+                return bool(self._prop(self.root, "_NET_SUPPORTING_WM_CHECK"))
+            except XError:
+                return False
 
     def windows(self) -> list[Window]:
         with self._lock:
