@@ -394,8 +394,9 @@ class TrainConfig(_Section):
     max_restarts: int = Field(default=3, ge=0)
     """Times the trainer is started again after a worker died (from the newest COMPLETED
     checkpoint, in a new trainer session); the run fails after that."""
-    lr: float = Field(default=1e-4, gt=0)
-    """AdamW learning rate (DART-GUI: 1e-6 on UI-TARS-7B)."""
+    lr: float = Field(default=1e-4, ge=0)
+    """AdamW learning rate (DART-GUI: 1e-6 on UI-TARS-7B). 0 is the control run: every part
+    runs and every row is trained, but the weights never move (docs/LEARNING.md)."""
     weight_decay: float = Field(default=0.1, ge=0)
     """AdamW weight decay."""
     grad_clip: float = Field(default=2.0, gt=0)

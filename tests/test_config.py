@@ -172,3 +172,9 @@ def test_redacted_yaml_is_the_redacted_config() -> None:
     assert "pw-in-url" not in text
     assert yaml.safe_load(text) == c.redacted()
     assert yaml.safe_load(text)["env"]["desktop"]["server_url"] == "http://u:***@host:5000"
+
+
+def test_lr_zero_is_the_control_run_and_a_negative_lr_is_refused() -> None:
+    assert load_config(None, ["train.lr=0"]).train.lr == 0.0
+    with pytest.raises(ConfigError, match="train.lr"):
+        load_config(None, ["train.lr=-1e-4"])
