@@ -53,6 +53,18 @@ def click_button(rng: random.Random, tier: int) -> tuple[str, Spec]:
     }
 
 
+def click_target(rng: random.Random, tier: int) -> tuple[str, Spec]:
+    """One button, at every tier: pure grounding (where is it?) with no distractor to tell
+    apart, the first rung of docs/LEARNING.md's ladder and the default run's task."""
+    label = rng.choice(BUTTONS)
+    widgets = _buttons([("b0", label)])
+    return f"Click the '{label}' button.", {
+        "title": "Toolbar",
+        "widgets": widgets,
+        "goal": {"commit": "b0", "values": {}},
+    }
+
+
 def toggle_checkbox(rng: random.Random, tier: int) -> tuple[str, Spec]:
     n = {1: 2, 2: 4, 3: 6}[tier]
     labels = rng.sample(CHECKS, n)
@@ -291,5 +303,6 @@ FAMILIES: dict[str, Family] = {
     "scroll-list": scroll_list,
     "search-select": search_select,
     "fill-form": fill_form,
+    "click-target": click_target,
 }
 TIERS = (1, 2, 3)
