@@ -176,5 +176,5 @@ def test_redacted_yaml_is_the_redacted_config() -> None:
 
 def test_lr_zero_is_the_control_run_and_a_negative_lr_is_refused() -> None:
     assert load_config(None, ["train.lr=0"]).train.lr == 0.0
-    with pytest.raises(ConfigError, match="train.lr"):
+    with pytest.raises(ConfigError, match=r"train\.lr"):
         load_config(None, ["train.lr=-1e-4"])
