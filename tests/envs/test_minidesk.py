@@ -47,9 +47,13 @@ def test_oracle_solves_every_shipped_task(placement: str) -> None:
         steps_by_family.setdefault(t.config["family"], []).append(steps)
     # single-step and multi-step families; the longest forms need 8 actions:
     # name (click, type) + email (click, type) + role (open, pick) + newsletter + Submit = 8
-    assert max(steps_by_family["click-button"]) == 1
+    assert max(steps_by_family["click-button"]) == max(steps_by_family["click-target"]) == 1
     assert max(steps_by_family["fill-form"]) == 8
-    assert all(2 <= max(s) <= 8 for f, s in steps_by_family.items() if f != "click-button")
+    assert all(
+        2 <= max(s) <= 8
+        for f, s in steps_by_family.items()
+        if f not in ("click-button", "click-target")
+    )
 
 
 def _random_action(rng: random.Random, w: int, h: int) -> Action:
@@ -83,10 +87,11 @@ def test_random_policy_scores_near_zero() -> None:
             rewards.setdefault(t.config["family"], []).append(env.evaluate())
     overall = np.mean([r for rs in rewards.values() for r in rs])
     assert overall < 0.05, overall
-    # click-button at tier 1 has 2 big buttons, the easiest target for luck; still rare
-    assert max(np.mean(rs) for rs in rewards.values()) < 0.2, {
-        f: np.mean(rs) for f, rs in rewards.items()
-    }
+    # click-button at tier 1 has 2 big buttons, the easiest target for luck; still rare.
+    # click-target is one button and nothing else to hit: 8 random clicks find it 1 in 4.
+    luck = {f: float(np.mean(rs)) for f, rs in rewards.items()}
+    assert luck.pop("click-target") < 0.35, luck
+    assert max(luck.values()) < 0.2, luck
 
 
 def test_same_task_gives_same_pixels_and_placement_changes_them() -> None:
