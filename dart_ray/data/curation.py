@@ -18,7 +18,7 @@ from dart_ray.algo.advantages import AdvantageMode, grpo_advantages
 from dart_ray.algo.curriculum import replay_into_group
 from dart_ray.algo.selection import select_high_entropy
 from dart_ray.records import Status, Trajectory
-from dart_ray.store.log import LogRow
+from dart_ray.store.log_rows import LogRow
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,8 @@ from dart_ray.data.curation import CurationParams, GroupOutcome, curate_group
 from dart_ray.data.grouping import GroupBuffer
 from dart_ray.records import Trajectory
 from dart_ray.store.blobs import BlobStore
-from dart_ray.store.log import Claim, DurableLog, LeaseLostError, LogRow
+from dart_ray.store.log import Claim, DurableLog, LeaseLostError
+from dart_ray.store.log_rows import LogRow
 
 log = logging.getLogger(__name__)
 

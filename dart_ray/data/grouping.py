@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dart_ray.records import Status
-from dart_ray.store.log import LogRow
+from dart_ray.store.log_rows import LogRow
 
 
 @dataclass

@@ -29,7 +29,9 @@ from dart_ray.store.db import (
     parse_url,
 )
 from dart_ray.store.episodes import EpisodeLedger, EpisodeStart
-from dart_ray.store.log import Claim, DurableLog, LeaseLostError, LogRow, TaskStats
+from dart_ray.store.log import Claim, DurableLog, LeaseLostError
+from dart_ray.store.log_rows import LogRow
+from dart_ray.store.log_stats import TaskStats
 
 __all__ = [
     "BlobStore",

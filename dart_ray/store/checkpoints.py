@@ -19,8 +19,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from dart_ray.masking import mask_text
+from dart_ray.store.clock import utcnow
 from dart_ray.store.db import RetryPolicy, checkpoint
-from dart_ray.store.log import utcnow
 
 PENDING, RUNNING, COMPLETED, FAILED, DEPRECATED = (
     "PENDING",

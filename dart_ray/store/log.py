@@ -19,6 +19,10 @@ a row whose lease has passed is refused even before any sweep has returned the r
 Every write is idempotent under retry: appends are keyed by (trajectory_id, run_id), claims by
 their claim id, acks by (row, claim id). That is what lets a server restart mid-stream be
 retried through without losing or doubling anything.
+
+This module owns that protocol. A row's record and columns are in `log_rows`, the per-task
+statistics and counting queries in `log_stats`, the two clocks in `clock`; callers still
+import `LogRow`, `TaskStats`, `utcnow`, `db_now`, ... from here.
 """
 
 from __future__ import annotations
@@ -27,22 +31,30 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import mysql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
-from dart_ray.records import Status, Trajectory
-from dart_ray.store.db import (
-    RetryPolicy,
-    RowState,
-    dataset_usage_events,
-    rollout_run,
-    task_stats,
-)
+from dart_ray.records import Trajectory
+from dart_ray.store.clock import db_now, utcnow
+from dart_ray.store.db import RetryPolicy, RowState, dataset_usage_events, rollout_run
+from dart_ray.store.log_rows import ROW_COLS, LogRow, log_row, model_version_name, row_values
+from dart_ray.store.log_stats import LogStats, TaskStats
+
+__all__ = [
+    "Claim",
+    "ClaimRaceError",
+    "DurableLog",
+    "LeaseLostError",
+    "LogRow",
+    "TaskStats",
+    "db_now",
+    "model_version_name",
+    "utcnow",
+]
 
 
 class LeaseLostError(RuntimeError):
@@ -52,40 +64,6 @@ class LeaseLostError(RuntimeError):
 class ClaimRaceError(RuntimeError):
     """A claim selected rows that another transaction had already taken: nothing was
     claimed (the transaction rolled back); claiming again is safe."""
-
-
-def utcnow() -> datetime:
-    """Naive UTC, the form every timestamp column holds (this process's clock)."""
-    return datetime.now(UTC).replace(tzinfo=None)
-
-
-def db_now(c: Connection) -> datetime:
-    """The database server's current time, naive UTC, read inside transaction `c`."""
-    if c.dialect.name in ("mysql", "mariadb"):
-        value = c.execute(sa.text("SELECT UTC_TIMESTAMP(6)")).scalar_one()
-    else:
-        value = c.execute(sa.text("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")).scalar_one()
-    return value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
-
-
-@dataclass(frozen=True, slots=True)
-class LogRow:
-    """One trajectory as the log knows it (the steps live in the blob at `uri`)."""
-
-    id: int
-    run_id: str
-    trajectory_id: str
-    task_id: str
-    trace_id: str
-    group_id: str
-    group_size: int
-    uri: str
-    reward: float
-    num_steps: int
-    status: Status
-    version_num: int
-    model_version: str
-    instruction: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,66 +82,9 @@ class Claim:
         return len(self.rows)
 
 
-@dataclass(frozen=True, slots=True)
-class TaskStats:
-    task_id: str
-    attempts: int
-    successes: int
-    failures_env: int
-    success_steps_total: int
-    success_steps_max: int
-    last_success_uri: str | None
-    last_success_trajectory_id: str | None
-    last_success_version: int | None
-
-    @property
-    def success_rate(self) -> float:
-        return self.successes / self.attempts if self.attempts else 0.0
-
-
-_ROW_COLS = (
-    rollout_run.c.id,
-    rollout_run.c.run_id,
-    rollout_run.c.trajectory_id,
-    rollout_run.c.task_id,
-    rollout_run.c.trace_id,
-    rollout_run.c.group_id,
-    rollout_run.c.group_size,
-    rollout_run.c.uri,
-    rollout_run.c.reward,
-    rollout_run.c.num_steps,
-    rollout_run.c.status,
-    rollout_run.c.version_num,
-    rollout_run.c.model_version,
-    rollout_run.c.instruction,
-)
-
-
-def _log_row(r: sa.Row[Any]) -> LogRow:
-    return LogRow(
-        id=r.id,
-        run_id=r.run_id,
-        trajectory_id=r.trajectory_id,
-        task_id=r.task_id,
-        trace_id=r.trace_id,
-        group_id=r.group_id,
-        group_size=r.group_size,
-        uri=r.uri,
-        reward=r.reward,
-        num_steps=r.num_steps,
-        status=Status(r.status),
-        version_num=r.version_num,
-        model_version=r.model_version,
-        instruction=r.instruction,
-    )
-
-
-def model_version_name(version: int) -> str:
-    return f"v{version}" if version >= 0 else ""
-
-
-class DurableLog:
-    """The log's API over one SQLAlchemy engine (thread-safe; one per process)."""
+class DurableLog(LogStats):
+    """The log's API over one SQLAlchemy engine (thread-safe; one per process). The
+    statistics and counting queries come from `LogStats` (`dart_ray.store.log_stats`)."""
 
     def __init__(
         self,
@@ -220,7 +141,7 @@ class DurableLog:
             if not new:
                 return 0
             now = utcnow()
-            c.execute(rollout_run.insert(), [self._row_values(t, uri, now) for t, uri in new])
+            c.execute(rollout_run.insert(), [row_values(t, uri, now) for t, uri in new])
             inserted = c.execute(
                 sa.select(
                     rollout_run.c.id,
@@ -251,102 +172,6 @@ class DurableLog:
             self._update_task_stats(c, new, now)
             return len(new)
 
-    def _row_values(self, t: Trajectory, uri: str, now: datetime) -> dict[str, Any]:
-        return {
-            "run_id": t.run_id,
-            "trajectory_id": t.trajectory_id,
-            "task_id": t.task.task_id,
-            "trace_id": t.trace_id,
-            "group_id": t.group_id,
-            "group_size": t.group_size,
-            "uri": uri,
-            "reward": float(t.reward),
-            "num_steps": t.num_steps,
-            "status": t.status.value,
-            "state": RowState.AVAILABLE,
-            "used": 0,
-            "model_version": model_version_name(t.min_version),
-            "version_num": t.min_version,
-            "instruction": t.task.instruction,
-            "created_at": now,
-        }
-
-    def is_success(self, t: Trajectory) -> bool:
-        return t.status.trainable and t.reward >= self.success_threshold
-
-    def _update_task_stats(
-        self, c: Connection, new: Sequence[tuple[Trajectory, str]], now: datetime
-    ) -> None:
-        agg: dict[tuple[str, str], dict[str, Any]] = {}
-        for t, uri in new:
-            a = agg.setdefault(
-                (t.run_id, t.task.task_id),
-                {
-                    "run_id": t.run_id,
-                    "task_id": t.task.task_id,
-                    "attempts": 0,
-                    "successes": 0,
-                    "failures_env": 0,
-                    "success_steps_total": 0,
-                    "success_steps_max": 0,
-                    "last_success_uri": None,
-                    "last_success_trajectory_id": None,
-                    "last_success_version": None,
-                    "updated_at": now,
-                },
-            )
-            if not t.status.trainable:
-                a["failures_env"] += 1
-                continue
-            a["attempts"] += 1
-            if self.is_success(t):
-                a["successes"] += 1
-                a["success_steps_total"] += t.num_steps
-                a["success_steps_max"] = max(a["success_steps_max"], t.num_steps)
-                a["last_success_uri"] = uri
-                a["last_success_trajectory_id"] = t.trajectory_id
-                a["last_success_version"] = t.min_version
-        # in key order: concurrent appenders then lock task_stats rows in the same order
-        # instead of deadlocking on each other
-        for key in sorted(agg):
-            c.execute(self._upsert_task_stats(agg[key]))
-
-    def _upsert_task_stats(self, values: dict[str, Any]) -> sa.Executable:
-        ts = task_stats.c
-        if self._mysql:
-            stmt = mysql.insert(task_stats).values(values)
-            new = stmt.inserted
-        else:
-            stmt = sqlite.insert(task_stats).values(values)
-            new = stmt.excluded
-        has_success = new.successes > 0
-        update = {
-            "attempts": ts.attempts + new.attempts,
-            "successes": ts.successes + new.successes,
-            "failures_env": ts.failures_env + new.failures_env,
-            "success_steps_total": ts.success_steps_total + new.success_steps_total,
-            "success_steps_max": sa.case(
-                (new.success_steps_max > ts.success_steps_max, new.success_steps_max),
-                else_=ts.success_steps_max,
-            ),
-            "last_success_uri": sa.case(
-                (has_success, new.last_success_uri), else_=ts.last_success_uri
-            ),
-            "last_success_trajectory_id": sa.case(
-                (has_success, new.last_success_trajectory_id),
-                else_=ts.last_success_trajectory_id,
-            ),
-            "last_success_version": sa.case(
-                (has_success, new.last_success_version), else_=ts.last_success_version
-            ),
-            "updated_at": new.updated_at,
-        }
-        if self._mysql:
-            return stmt.on_duplicate_key_update(**update)  # type: ignore[union-attr]
-        return stmt.on_conflict_do_update(  # type: ignore[union-attr]
-            index_elements=[ts.run_id, ts.task_id], set_=update
-        )
-
     # ------------------------------------------------------------------ claim
 
     def claim_query(self, run_id: str, n: int, min_version: int | None = None) -> sa.Select[Any]:
@@ -357,7 +182,7 @@ class DurableLog:
         ordering by id alone would make it sort, scanning and locking every candidate.
         """
         rr = rollout_run.c
-        q = sa.select(*_ROW_COLS).where(rr.run_id == run_id, rr.state == RowState.AVAILABLE)
+        q = sa.select(*ROW_COLS).where(rr.run_id == run_id, rr.state == RowState.AVAILABLE)
         if min_version is not None:
             q = q.where(rr.version_num >= min_version)
         q = q.order_by(rr.version_num, rr.id).limit(n)
@@ -409,13 +234,13 @@ class DurableLog:
             now = db_now(c)
             expires = now + timedelta(seconds=lease_s)
             held = c.execute(
-                sa.select(*_ROW_COLS, rr.lease_expires_at)
+                sa.select(*ROW_COLS, rr.lease_expires_at)
                 .where(rr.claim_id == cid, rr.state == RowState.CLAIMED)
                 .order_by(rr.version_num, rr.id)
             ).all()
             if held:
-                return Claim(cid, consumer, run_id, tuple(map(_log_row, held)), held[0][-1])
-            rows = [_log_row(r) for r in c.execute(self.claim_query(run_id, n, min_version))]
+                return Claim(cid, consumer, run_id, tuple(map(log_row, held)), held[0][-1])
+            rows = [log_row(r) for r in c.execute(self.claim_query(run_id, n, min_version))]
             if not rows:
                 return Claim(cid, consumer, run_id, (), expires)
             ids = [r.id for r in rows]
@@ -608,7 +433,7 @@ class DurableLog:
             rr = rollout_run.c
             with self.engine.begin() as c:
                 t = now or db_now(c)
-                q = sa.select(*_ROW_COLS, rr.claim_id, rr.claimed_by).where(
+                q = sa.select(*ROW_COLS, rr.claim_id, rr.claimed_by).where(
                     rr.state == RowState.CLAIMED, rr.lease_expires_at < t
                 )
                 if run_id is not None:
@@ -631,7 +456,7 @@ class DurableLog:
                 )
                 for r in expired:
                     self._events(
-                        c, [_log_row(r)], "EXPIRE", t, claim_id=r.claim_id, consumer=r.claimed_by
+                        c, [log_row(r)], "EXPIRE", t, claim_id=r.claim_id, consumer=r.claimed_by
                     )
                 return len(expired)
 
@@ -647,7 +472,7 @@ class DurableLog:
             rr = rollout_run.c
             with self.engine.begin() as c:
                 now = db_now(c)
-                q = sa.select(*_ROW_COLS, rr.claim_id).where(
+                q = sa.select(*ROW_COLS, rr.claim_id).where(
                     rr.run_id == run_id,
                     rr.id.in_(list(row_ids)),
                     rr.state.in_([RowState.AVAILABLE, RowState.CLAIMED]),
@@ -668,7 +493,7 @@ class DurableLog:
                 for r in rows:
                     self._events(
                         c,
-                        [_log_row(r)],
+                        [log_row(r)],
                         "ACK",
                         now,
                         claim_id=r.claim_id,
@@ -689,14 +514,14 @@ class DurableLog:
             rr = rollout_run.c
             with self.engine.begin() as c:
                 now = db_now(c)
-                q = sa.select(*_ROW_COLS).where(
+                q = sa.select(*ROW_COLS).where(
                     rr.run_id == run_id,
                     rr.state == RowState.AVAILABLE,
                     rr.version_num < min_version,
                 )
                 if self._mysql:
                     q = q.with_for_update(skip_locked=True)
-                rows = [_log_row(r) for r in c.execute(q)]
+                rows = [log_row(r) for r in c.execute(q)]
                 if not rows:
                     return 0
                 c.execute(
@@ -709,90 +534,11 @@ class DurableLog:
 
         return self.retry.run(txn, "drop_stale")
 
-    # ------------------------------------------------------------------ read side
-
-    def _fetch(self, q: sa.Executable, what: str) -> list[sa.Row[Any]]:
-        """Run a read, retrying transient errors (a database restart must not stop readers)."""
-
-        def read() -> list[sa.Row[Any]]:
-            with self.engine.connect() as c:
-                return list(c.execute(q).all())
-
-        return self.retry.run(read, what)
-
-    def task_stats(self, run_id: str) -> list[TaskStats]:
-        ts = task_stats.c
-        rows = self._fetch(
-            sa.select(task_stats).where(ts.run_id == run_id).order_by(ts.task_id), "task_stats"
-        )
-        return [
-            TaskStats(
-                task_id=r.task_id,
-                attempts=r.attempts,
-                successes=r.successes,
-                failures_env=r.failures_env,
-                success_steps_total=r.success_steps_total,
-                success_steps_max=r.success_steps_max,
-                last_success_uri=r.last_success_uri,
-                last_success_trajectory_id=r.last_success_trajectory_id,
-                last_success_version=r.last_success_version,
-            )
-            for r in rows
-        ]
-
-    def recent_outcomes(self, run_id: str, task_id: str, window: int) -> list[float]:
-        """Rewards of the newest `window` trainable trajectories of a task (newest first)."""
-        rr = rollout_run.c
-        q = (
-            sa.select(rr.reward)
-            .where(
-                rr.run_id == run_id,
-                rr.task_id == task_id,
-                rr.status.in_([Status.OK.value, Status.TRUNCATED.value]),
-            )
-            .order_by(rr.id.desc())
-            .limit(window)
-        )
-        return [r[0] for r in self._fetch(q, "recent_outcomes")]
-
-    def buffer(self, run_id: str) -> dict[tuple[int, int], int]:
-        """Row counts by (version_num, state) for one run."""
-        rr = rollout_run.c
-        q = (
-            sa.select(rr.version_num, rr.state, sa.func.count())
-            .where(rr.run_id == run_id)
-            .group_by(rr.version_num, rr.state)
-        )
-        return {(v, s): n for v, s, n in self._fetch(q, "buffer")}
-
-    def success_by_version(self, run_id: str) -> dict[int, tuple[int, int]]:
-        """(successes, episodes) of the run's trainable trajectories (OK, TRUNCATED) by the
-        weight version that started them: the sampled success curve."""
-        rr = rollout_run.c
-        won = sa.case((rr.reward >= self.success_threshold, 1), else_=0)
-        q = (
-            sa.select(rr.version_num, sa.func.sum(won), sa.func.count())
-            .where(
-                rr.run_id == run_id,
-                rr.status.in_([Status.OK.value, Status.TRUNCATED.value]),
-            )
-            .group_by(rr.version_num)
-        )
-        return {int(v): (int(k or 0), int(n)) for v, k, n in self._fetch(q, "success_by_version")}
-
-    def drops(self, run_id: str) -> dict[str, int]:
-        """DROPPED rows of one run by reason (stale, no_signal, group_incomplete, ...)."""
-        rr = rollout_run.c
-        q = (
-            sa.select(rr.drop_reason, sa.func.count())
-            .where(rr.run_id == run_id, rr.state == RowState.DROPPED)
-            .group_by(rr.drop_reason)
-        )
-        return {str(reason or ""): n for reason, n in self._fetch(q, "drops")}
+    # ------------------------------------------------------------------ read rows
 
     def get_rows(self, run_id: str, trajectory_ids: Sequence[str]) -> list[LogRow]:
         rr = rollout_run.c
-        q = sa.select(*_ROW_COLS).where(
+        q = sa.select(*ROW_COLS).where(
             rr.run_id == run_id, rr.trajectory_id.in_(list(trajectory_ids))
         )
-        return [_log_row(r) for r in self._fetch(q, "get_rows")]
+        return [log_row(r) for r in self._fetch(q, "get_rows")]

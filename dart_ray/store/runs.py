@@ -11,8 +11,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from dart_ray.config import redact
+from dart_ray.store.clock import utcnow
 from dart_ray.store.db import run
-from dart_ray.store.log import utcnow
 
 
 @dataclass(frozen=True, slots=True)

@@ -305,9 +305,9 @@ def test_a_claim_never_takes_rows_another_transaction_took(
 
 
 def log_module_cols() -> tuple[sa.ColumnElement, ...]:  # type: ignore[type-arg]
-    from dart_ray.store.log import _ROW_COLS
+    from dart_ray.store.log_rows import ROW_COLS
 
-    return _ROW_COLS
+    return ROW_COLS
 
 
 def _rows(engine: Engine, ids: list[int]) -> list[sa.Row]:  # type: ignore[type-arg]

@@ -1,0 +1,203 @@
+"""What the log counts: per-task statistics (`task_stats`, kept up to date in the same
+transaction as each append) and the read-only queries over a run's rows (outcomes, the
+buffer by version and state, success by version, drops). `DurableLog` inherits them from
+`LogStats`; none of them claims, settles or leases anything."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql, sqlite
+from sqlalchemy.engine import Connection, Engine
+
+from dart_ray.records import Status, Trajectory
+from dart_ray.store.db import RetryPolicy, RowState, rollout_run, task_stats
+
+
+@dataclass(frozen=True, slots=True)
+class TaskStats:
+    task_id: str
+    attempts: int
+    successes: int
+    failures_env: int
+    success_steps_total: int
+    success_steps_max: int
+    last_success_uri: str | None
+    last_success_trajectory_id: str | None
+    last_success_version: int | None
+
+    @property
+    def success_rate(self) -> float:
+        return self.successes / self.attempts if self.attempts else 0.0
+
+
+class LogStats:
+    """The statistics half of `DurableLog` (which sets these attributes in its constructor)."""
+
+    engine: Engine
+    retry: RetryPolicy
+    success_threshold: float
+    _mysql: bool
+
+    def is_success(self, t: Trajectory) -> bool:
+        return t.status.trainable and t.reward >= self.success_threshold
+
+    # ------------------------------------------------------------------ write side (append)
+
+    def _update_task_stats(
+        self, c: Connection, new: Sequence[tuple[Trajectory, str]], now: datetime
+    ) -> None:
+        agg: dict[tuple[str, str], dict[str, Any]] = {}
+        for t, uri in new:
+            a = agg.setdefault(
+                (t.run_id, t.task.task_id),
+                {
+                    "run_id": t.run_id,
+                    "task_id": t.task.task_id,
+                    "attempts": 0,
+                    "successes": 0,
+                    "failures_env": 0,
+                    "success_steps_total": 0,
+                    "success_steps_max": 0,
+                    "last_success_uri": None,
+                    "last_success_trajectory_id": None,
+                    "last_success_version": None,
+                    "updated_at": now,
+                },
+            )
+            if not t.status.trainable:
+                a["failures_env"] += 1
+                continue
+            a["attempts"] += 1
+            if self.is_success(t):
+                a["successes"] += 1
+                a["success_steps_total"] += t.num_steps
+                a["success_steps_max"] = max(a["success_steps_max"], t.num_steps)
+                a["last_success_uri"] = uri
+                a["last_success_trajectory_id"] = t.trajectory_id
+                a["last_success_version"] = t.min_version
+        # in key order: concurrent appenders then lock task_stats rows in the same order
+        # instead of deadlocking on each other
+        for key in sorted(agg):
+            c.execute(self._upsert_task_stats(agg[key]))
+
+    def _upsert_task_stats(self, values: dict[str, Any]) -> sa.Executable:
+        ts = task_stats.c
+        if self._mysql:
+            stmt = mysql.insert(task_stats).values(values)
+            new = stmt.inserted
+        else:
+            stmt = sqlite.insert(task_stats).values(values)
+            new = stmt.excluded
+        has_success = new.successes > 0
+        update = {
+            "attempts": ts.attempts + new.attempts,
+            "successes": ts.successes + new.successes,
+            "failures_env": ts.failures_env + new.failures_env,
+            "success_steps_total": ts.success_steps_total + new.success_steps_total,
+            "success_steps_max": sa.case(
+                (new.success_steps_max > ts.success_steps_max, new.success_steps_max),
+                else_=ts.success_steps_max,
+            ),
+            "last_success_uri": sa.case(
+                (has_success, new.last_success_uri), else_=ts.last_success_uri
+            ),
+            "last_success_trajectory_id": sa.case(
+                (has_success, new.last_success_trajectory_id),
+                else_=ts.last_success_trajectory_id,
+            ),
+            "last_success_version": sa.case(
+                (has_success, new.last_success_version), else_=ts.last_success_version
+            ),
+            "updated_at": new.updated_at,
+        }
+        if self._mysql:
+            return stmt.on_duplicate_key_update(**update)  # type: ignore[union-attr]
+        return stmt.on_conflict_do_update(  # type: ignore[union-attr]
+            index_elements=[ts.run_id, ts.task_id], set_=update
+        )
+
+    # ------------------------------------------------------------------ read side
+
+    def _fetch(self, q: sa.Executable, what: str) -> list[sa.Row[Any]]:
+        """Run a read, retrying transient errors (a database restart must not stop readers)."""
+
+        def read() -> list[sa.Row[Any]]:
+            with self.engine.connect() as c:
+                return list(c.execute(q).all())
+
+        return self.retry.run(read, what)
+
+    def task_stats(self, run_id: str) -> list[TaskStats]:
+        ts = task_stats.c
+        rows = self._fetch(
+            sa.select(task_stats).where(ts.run_id == run_id).order_by(ts.task_id), "task_stats"
+        )
+        return [
+            TaskStats(
+                task_id=r.task_id,
+                attempts=r.attempts,
+                successes=r.successes,
+                failures_env=r.failures_env,
+                success_steps_total=r.success_steps_total,
+                success_steps_max=r.success_steps_max,
+                last_success_uri=r.last_success_uri,
+                last_success_trajectory_id=r.last_success_trajectory_id,
+                last_success_version=r.last_success_version,
+            )
+            for r in rows
+        ]
+
+    def recent_outcomes(self, run_id: str, task_id: str, window: int) -> list[float]:
+        """Rewards of the newest `window` trainable trajectories of a task (newest first)."""
+        rr = rollout_run.c
+        q = (
+            sa.select(rr.reward)
+            .where(
+                rr.run_id == run_id,
+                rr.task_id == task_id,
+                rr.status.in_([Status.OK.value, Status.TRUNCATED.value]),
+            )
+            .order_by(rr.id.desc())
+            .limit(window)
+        )
+        return [r[0] for r in self._fetch(q, "recent_outcomes")]
+
+    def buffer(self, run_id: str) -> dict[tuple[int, int], int]:
+        """Row counts by (version_num, state) for one run."""
+        rr = rollout_run.c
+        q = (
+            sa.select(rr.version_num, rr.state, sa.func.count())
+            .where(rr.run_id == run_id)
+            .group_by(rr.version_num, rr.state)
+        )
+        return {(v, s): n for v, s, n in self._fetch(q, "buffer")}
+
+    def success_by_version(self, run_id: str) -> dict[int, tuple[int, int]]:
+        """(successes, episodes) of the run's trainable trajectories (OK, TRUNCATED) by the
+        weight version that started them: the sampled success curve."""
+        rr = rollout_run.c
+        won = sa.case((rr.reward >= self.success_threshold, 1), else_=0)
+        q = (
+            sa.select(rr.version_num, sa.func.sum(won), sa.func.count())
+            .where(
+                rr.run_id == run_id,
+                rr.status.in_([Status.OK.value, Status.TRUNCATED.value]),
+            )
+            .group_by(rr.version_num)
+        )
+        return {int(v): (int(k or 0), int(n)) for v, k, n in self._fetch(q, "success_by_version")}
+
+    def drops(self, run_id: str) -> dict[str, int]:
+        """DROPPED rows of one run by reason (stale, no_signal, group_incomplete, ...)."""
+        rr = rollout_run.c
+        q = (
+            sa.select(rr.drop_reason, sa.func.count())
+            .where(rr.run_id == run_id, rr.state == RowState.DROPPED)
+            .group_by(rr.drop_reason)
+        )
+        return {str(reason or ""): n for reason, n in self._fetch(q, "drops")}
