@@ -1,0 +1,127 @@
+"""`[env]`: the environments the policy acts in, their session pool, and the options of each
+kind (`[env.minidesk]`, `[env.miniwob]`, `[env.desktop]`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationInfo, field_validator
+
+from dart_ray.config.base import Section
+
+
+class MiniDeskOptions(Section):
+    """MiniDesk, the synthetic desktop drawn with PIL (`env.kind = "minidesk"`)."""
+
+    wallpaper: Literal["plain", "position"] = "plain"
+    """`position`: a wallpaper whose red channel rises with x and green with y, shown through
+    the window body, so a tiny model can learn to ground clicks from pixels alone."""
+    button_colours: bool = False
+    """Give each button a face colour fixed by its label (an icon, in effect), so a tiny model
+    can tell buttons apart without reading their text; the label is still drawn on it."""
+    placement: Literal["task", "flow", "scatter", "grid"] = "task"
+    """Widget placement: `flow` (rows, top to bottom), `scatter` (seeded random positions),
+    `grid` (seeded, each widget centred on a 28 px cell: Qwen2.5-VL's merged patch on an
+    unscaled screen, so click targets are one per image token) or `task` (what each task file
+    says)."""
+    encode_png: bool = False
+    """Encode every screenshot to PNG inside step(). Off: encode lazily on first read."""
+
+
+class MiniWobOptions(Section):
+    """MiniWoB++ in headless Chromium (`env.kind = "miniwob"`, extra `browser`)."""
+
+    episode_max_time_s: float = Field(default=600.0, gt=0)
+    """MiniWoB's per-episode wall clock (its own default is 10 s, too short for a model
+    policy); the task's reward shrinks with elapsed time over this clock."""
+    chrome_binary: Path | None = None
+    """Chromium binary; unset: $MINIWOB_CHROME_BINARY, else the first of chromium,
+    chromium-headless-shell, google-chrome on PATH."""
+    chromedriver: Path | None = None
+    """chromedriver binary; unset: $MINIWOB_CHROMEDRIVER, else chromedriver on PATH."""
+    scale: float = Field(default=1.0, gt=0)
+    """Screenshot scale: MiniWoB's task area is 160x210 px; 2.0 shows the policy 320x420 (and
+    its click points are divided by 2 on the way back to the page)."""
+
+
+class DesktopOptions(Section):
+    """A real X desktop behind the OSWorld in-VM protocol (`env.kind = "desktop" | "osworld"`)."""
+
+    server_url: str | None = None
+    """OSWorld-protocol server to talk to (`http://127.0.0.1:5000`); unset with kind
+    `desktop`: start our own server on a private Xvfb display."""
+    pool_url: str | None = None
+    """GUI-Docker-Env emulator pool (`/start_emulator`, `/stop_emulator`); when set, each
+    session asks it for a desktop instead of using server_url."""
+    token_env: str | None = None
+    """Environment variable holding the bearer token for the server and the pool."""
+    token_file: Path | None = None
+    """File whose first line is the bearer token (wins over token_env)."""
+    apps: list[str] | None = None
+    """Applications (e.g. `["xterm"]`) started fresh after every reset, before the task's own
+    setup steps; a task's `apps` wins. Unset: what the server was started with (none for ours)."""
+    window_manager: str = "openbox"
+    """Window manager for our local desktop."""
+    request_timeout_s: float = Field(default=30.0, gt=0)
+    """Seconds one HTTP request to the server may take."""
+    accessibility: bool = True
+    """Put the accessibility tree (`/accessibility`) into every observation."""
+    settle_s: float = Field(default=0.3, ge=0)
+    """Pause after each action before the screenshot, for the application to redraw."""
+
+
+class EnvConfig(Section):
+    kind: str = "minidesk"
+    """Environment kind: a registered name or an import path `pkg.mod:Class`."""
+    tasks: Path | None = None
+    """JSONL task file to train on; unset means the environment's built-in training split."""
+    heldout_tasks: Path | None = None
+    """JSONL task file to evaluate on; unset means the environment's built-in held-out split."""
+    families: tuple[str, ...] = ()
+    """Keep only tasks whose `config.family` is one of these (empty: all)."""
+    tiers: tuple[int, ...] = ()
+    """Keep only tasks whose `config.tier` is one of these (empty: all)."""
+    task_limit: int | None = Field(default=None, ge=1)
+    """Use only the first N tasks of each split after filtering (unset: all)."""
+    num_sessions: int = Field(default=4, ge=1)
+    """EnvSession actors in the pool at the start."""
+    max_sessions: int | None = Field(default=None, ge=1)
+    """Grow the pool up to this many sessions as the cluster's `env.resource` grows (one
+    session per unit, e.g. environment nodes the autoscaler adds). Unset: the pool stays at
+    num_sessions."""
+    grow_interval_s: float = Field(default=30.0, gt=0)
+    """How often a growing pool reads the cluster's resources."""
+    screen_width: int = Field(default=320, ge=28)
+    """Screen width in pixels."""
+    screen_height: int = Field(default=240, ge=28)
+    """Screen height in pixels."""
+    reset_timeout_s: float = Field(default=60.0, gt=0)
+    """Seconds a reset may take before the session is declared broken."""
+    step_timeout_s: float = Field(default=30.0, gt=0)
+    """Seconds a step may take before the session is declared broken."""
+    num_cpus: float = Field(default=0.25, gt=0)
+    """CPUs each EnvSession actor reserves (fractional is fine)."""
+    resource: str | None = "env"
+    """Custom Ray resource each session requests (1 unit per session); None to not request one."""
+    minidesk: MiniDeskOptions = MiniDeskOptions()
+    """Options of the MiniDesk synthetic environment."""
+    miniwob: MiniWobOptions = MiniWobOptions()
+    """Options of MiniWoB++ in Chromium."""
+    desktop: DesktopOptions = DesktopOptions()
+    """Options of the X desktop reached through the OSWorld protocol."""
+
+    @field_validator("max_sessions")
+    @classmethod
+    def _at_least_the_start(cls, v: int | None, info: ValidationInfo) -> int | None:
+        start = info.data.get("num_sessions")
+        if v is not None and start is not None and v < start:
+            raise ValueError(f"must be at least env.num_sessions ({start})")
+        return v
+
+    @field_validator("resource")
+    @classmethod
+    def _needed_to_grow(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if not v and info.data.get("max_sessions") is not None:
+            raise ValueError("must be set when env.max_sessions is: the pool grows with it")
+        return v

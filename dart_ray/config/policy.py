@@ -1,0 +1,117 @@
+"""`[policy]`: the model, its inference engine and serving (replicas, batching, sampling, the
+HTTP route and who may call it)."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from dart_ray.config.base import Section
+
+
+def is_loopback(host: str) -> bool:
+    """True for `localhost` and loopback addresses (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class PolicyConfig(Section):
+    model_path: Path | None = None
+    """Local HF model directory (e.g. UI-TARS-1.5-7B). Unset: build the tiny model locally."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """Inference engine: `hf` (transformers, CPU or GPU) or `vllm`."""
+    replicas: int = Field(default=1, ge=1)
+    """Policy server replicas (Ray Serve)."""
+    temperature: float = Field(default=1.0, ge=0)
+    """Sampling temperature (0 = greedy: a policy server's default for its HTTP route; a run
+    refuses it, since RL learns from sampled tokens and their log-probs, which greedy
+    decoding does not have; held-out evaluation is greedy by itself)."""
+    top_k: int = Field(default=0, ge=0)
+    """Sample among the k most likely tokens (0: all). The trainer scores the same truncated
+    distribution."""
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    """Nucleus sampling mass (1: all). The trainer scores the same truncated distribution."""
+    max_new_tokens: int = Field(default=64, ge=1)
+    """Maximum response tokens per turn (DART-GUI: 500 on UI-TARS-7B)."""
+    history_images: int = Field(default=1, ge=1)
+    """Screenshots kept in the prompt (the newest k)."""
+    history_turns: int = Field(default=5, ge=0)
+    """Previous assistant turns kept in the prompt (the newest m)."""
+    max_batch_size: int = Field(default=32, ge=1)
+    """Largest batch the transformers engine forms from concurrent requests."""
+    batch_wait_ms: float = Field(default=5.0, ge=0)
+    """How long a request waits for others to join its batch."""
+    http_host: str = "127.0.0.1"
+    """Address the OpenAI-compatible HTTP route binds to; any but a loopback address needs
+    auth_token_file or auth_token_env."""
+    http_port: int = Field(default=8000, ge=1, le=65535)
+    """Port of the HTTP route."""
+    auth_token_env: str | None = None
+    """Environment variable holding a bearer token the HTTP route requires (unset: none)."""
+    auth_token_file: Path | None = None
+    """File whose first line is the bearer token the HTTP route requires (wins over
+    auth_token_env; the path must exist on every node that runs a replica)."""
+    num_cpus: float = Field(default=1.0, gt=0)
+    """CPUs each policy replica reserves (fractional is fine)."""
+    num_gpus: float = Field(default=0.0, ge=0)
+    """GPUs each policy replica reserves."""
+    autoscaling: bool = False
+    """Let Ray Serve scale replicas between min_replicas and max_replicas with the load."""
+    min_replicas: int = Field(default=1, ge=0)
+    """Fewest replicas when autoscaling."""
+    max_replicas: int = Field(default=4, ge=1)
+    """Most replicas when autoscaling."""
+    target_ongoing_requests: float = Field(default=16.0, gt=0)
+    """Requests in flight per replica that autoscaling aims for."""
+    max_ongoing_requests: int = Field(default=64, ge=1)
+    """Requests a replica accepts at once (at least max_batch_size for batching to fill)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weights and activations dtype of the engine."""
+    allow_special_tokens: tuple[str, ...] = ()
+    """Special tokens the policy may sample besides the end token (all others are suppressed;
+    e.g. ["<|box_start|>", "<|box_end|>"] for UI-TARS-1.5-7B, which writes them)."""
+    weights_load: Literal["share", "copy"] = "share"
+    """transformers engine on CPU: `share` points the parameters at the weights in the object
+    store (no copy; replicas on a node share them), `copy` copies them into the model."""
+    update_timeout_s: float = Field(default=300.0, gt=0)
+    """How long `update_weights` waits for every replica to load a new version."""
+    vllm_max_model_len: int = Field(default=8192, ge=256)
+    """vLLM: longest prompt plus response, in tokens."""
+    vllm_kv_cache_mb: int = Field(default=512, ge=16)
+    """vLLM: memory reserved for the KV cache, MiB (on GPU as on CPU: a fixed size, so a
+    replica that shares its GPU with a train worker takes no more than it was given)."""
+    vllm_logprobs_topk: int = Field(default=20, ge=-1)
+    """vLLM: top log-probs per token used to estimate the entropy (a lower bound); -1 returns
+    the whole vocabulary (exact entropy; affordable for small vocabularies only)."""
+
+    @field_validator("vllm_logprobs_topk")
+    @classmethod
+    def _topk(cls, v: int) -> int:
+        if v == 0:
+            raise ValueError("must be -1 (whole vocabulary) or at least 1")
+        return v
+
+    @model_validator(mode="after")
+    def _vllm_temperature(self) -> PolicyConfig:
+        if self.engine == "vllm" and self.temperature > 2:
+            raise ValueError(
+                f"policy.temperature = {self.temperature}: vLLM samples at temperatures up to 2 "
+                "(use policy.engine = 'hf' for hotter sampling)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _token_beyond_loopback(self) -> PolicyConfig:
+        if not is_loopback(self.http_host) and not (self.auth_token_env or self.auth_token_file):
+            raise ValueError(
+                f"policy.http_host = {self.http_host!r} serves beyond this machine: set "
+                "policy.auth_token_file or policy.auth_token_env so the route needs a token"
+            )
+        return self

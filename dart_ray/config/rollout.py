@@ -1,0 +1,62 @@
+"""The data side of a run: `[rollout]` (how trajectories are played) and `[curation]` (how they
+are grouped, filtered and claimed into training steps)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from dart_ray.config.base import Section
+
+
+class RolloutConfig(Section):
+    in_flight: int = Field(default=8, ge=1)
+    """Trajectories kept in flight at once by each rollouter (K)."""
+    rollouters: int = Field(default=1, ge=1)
+    """Rollouter actors; tasks and sessions are sharded between them, all feed one curator."""
+    n_rollouts: int = Field(default=8, ge=1)
+    """Default rollouts per task (the GRPO group size)."""
+    max_steps: int = Field(default=8, ge=1)
+    """Default step limit per episode (DART-GUI: 30 on OSWorld)."""
+    max_retries: int = Field(default=2, ge=0)
+    """Retries of an aborted trajectory on a fresh session before it is ENV_ERROR."""
+    on_invalid_action: Literal["penalise", "end", "retry"] = "penalise"
+    """Unparseable model output: count a no-op step (`penalise`), end the episode, or resample."""
+    success_threshold: float = 1.0
+    """A trajectory with reward >= this counts as a success (task statistics, replay)."""
+
+
+class CurationConfig(Section):
+    group_size: int = Field(default=8, ge=1)
+    """Trajectories per task group used for GRPO advantages."""
+    min_group: int = Field(default=2, ge=1)
+    """Smallest group trained when the group timeout passes."""
+    group_timeout_s: float = Field(default=120.0, gt=0)
+    """Seconds to wait for a full group before training a partial one."""
+    group_abandon_s: float = Field(default=600.0, gt=0)
+    """Seconds after which a group still below min_group is dropped (reason
+    `group_incomplete`): its missing members are lost, and holding it would hold its rows."""
+    max_held_rows: int | None = Field(default=None, ge=1)
+    """Most rows the curator holds claimed but not yet handed to the trainer (its memory
+    bound; the rest stay AVAILABLE in the log). None: (queue_depth + 1) x groups_per_step x
+    group_size for curated steps, plus rollouters x in_flight x max(group_size, n_rollouts)
+    for the groups still filling (at most that many are open at once, so a full group can
+    always form)."""
+    max_staleness: int = Field(default=2, ge=0)
+    """Drop trajectories whose oldest step is more than this many versions behind."""
+    success_replay: bool = True
+    """Give an all-fail group the newest success of its task (DART-GUI's experience replay)."""
+    drop_no_signal: bool = True
+    """Drop groups whose rewards are all equal (zero advantage: no policy gradient). Off, they
+    are trained anyway (only the KL term moves the weights): for pipeline tests."""
+    entropy_top_fraction: float = Field(default=1.0, gt=0, le=1)
+    """Keep this fraction of steps with the highest mean token entropy (1.0 keeps all)."""
+    dynamic_rollouts: bool = True
+    """Fewer rollouts for tasks the policy already solves (dynamic rollout budget)."""
+    queue_depth: int = Field(default=2, ge=1)
+    """Training steps queued before the curator stops claiming (backpressure)."""
+    groups_per_step: int = Field(default=4, ge=1)
+    """Trainable task groups packed into one optimizer step (DART-GUI: 6-8 tasks)."""
+    lease_s: float = Field(default=600.0, gt=0)
+    """Seconds a claim holds rows before they return to the pool unless acknowledged."""

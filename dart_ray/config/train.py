@@ -1,0 +1,82 @@
+"""The learner's side of a run: `[algo]` (the loss and its off-policy correction) and `[train]`
+(workers, optimizer, batches, checkpoints)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from dart_ray.config.base import Section
+
+
+class AlgoConfig(Section):
+    loss: Literal["ppo", "gspo"] = "ppo"
+    """Token-level PPO clip or sequence-level GSPO."""
+    eps_low: float = Field(default=0.1, gt=0)
+    """Lower clip range (ratio >= 1 - eps_low)."""
+    eps_high: float = Field(default=0.28, gt=0)
+    """Upper clip range (ratio <= 1 + eps_high)."""
+    dual_clip: float | None = Field(default=10.0, gt=1)
+    """Dual-clip bound c for negative advantages (None disables)."""
+    off_policy: Literal["token_tis", "token_mask", "seq_mask"] = "token_tis"
+    """Correction of behaviour -> proximal policy (docs/TRAINING.md): `token_tis` weights each
+    token by min(r, is_cap) with r = pi_prox / pi_behaviour; `token_mask` keeps r where it lies
+    in [mask_low, mask_high] and drops the token otherwise (IcePop); `seq_mask` drops whole
+    sequences whose geometric-mean ratio leaves the band and weights the rest by it."""
+    is_cap: float = Field(default=1.0, gt=0)
+    """Cap C of the truncated importance weight min(pi_prox / pi_behaviour, C) (`token_tis`)."""
+    mask_low: float = Field(default=0.5, ge=0)
+    """Lower edge of the ratio band of `token_mask` and `seq_mask`."""
+    mask_high: float = Field(default=2.0, gt=0)
+    """Upper edge of the ratio band of `token_mask` and `seq_mask`."""
+    kl_beta: float = Field(default=0.0, ge=0)
+    """KL coefficient to the frozen reference model; 0 disables the reference model."""
+    advantage: Literal["trajectory", "step_weighted"] = "trajectory"
+    """GRPO statistics per trajectory, or DART-GUI's step-count-weighted variant."""
+    loss_agg: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
+    """How token losses are reduced to one number."""
+
+    @model_validator(mode="after")
+    def _band(self) -> AlgoConfig:
+        if not self.mask_low < 1 < self.mask_high:
+            raise ValueError(
+                f"the ratio band [algo.mask_low, algo.mask_high] = [{self.mask_low}, "
+                f"{self.mask_high}] must contain 1 (on-policy tokens must be kept)"
+            )
+        return self
+
+
+class TrainConfig(Section):
+    num_workers: int = Field(default=1, ge=1)
+    """Ray Train workers (FSDP2 ranks)."""
+    use_gpu: bool = False
+    """Train on GPUs (NCCL) instead of CPUs (gloo)."""
+    cpus_per_worker: float = Field(default=1.0, gt=0)
+    """CPUs each train worker reserves."""
+    gpus_per_worker: float = Field(default=1.0, gt=0)
+    """GPUs each train worker reserves when use_gpu (a fraction shares a GPU with a policy
+    replica, e.g. 0.5 and policy.num_gpus = 0.5 on a one-GPU machine)."""
+    max_restarts: int = Field(default=3, ge=0)
+    """Times the trainer is started again after a worker died (from the newest COMPLETED
+    checkpoint, in a new trainer session); the run fails after that."""
+    lr: float = Field(default=1e-4, ge=0)
+    """AdamW learning rate (DART-GUI: 1e-6 on UI-TARS-7B). 0 is the control run: every part
+    runs and every row is trained, but the weights never move (docs/LEARNING.md)."""
+    weight_decay: float = Field(default=0.1, ge=0)
+    """AdamW weight decay."""
+    grad_clip: float = Field(default=2.0, gt=0)
+    """Gradient norm clip."""
+    tokens_per_rank: int = Field(default=8192, ge=1)
+    """Token budget of one rank's micro-batch."""
+    ppo_epochs: int = Field(default=1, ge=1)
+    """Passes over each curated batch. With ppo_epochs x minibatches > 1 the batch takes
+    several optimizer steps, and the clip (ratio to the proximal policy) bounds how far."""
+    minibatches: int = Field(default=1, ge=1)
+    """Optimizer steps per pass: the batch is split into this many parts."""
+    sync_every: int = Field(default=1, ge=1)
+    """Optimizer steps between weight publications."""
+    save_every: int = Field(default=5, ge=1)
+    """Published versions between durable checkpoints."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward to save memory."""
