@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from dart_ray.envs.base import EnvInputError
 
 if TYPE_CHECKING:
-    from dart_ray.envs.osworld import OSWorldClient
+    from dart_ray.envs.osworld_client import OSWorldClient
 
 
 def _text(b: bytes | None) -> str | None:
