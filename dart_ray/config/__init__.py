@@ -17,13 +17,13 @@ The parts live in their own modules (`run`, `env`, `policy`, `rollout`, `train`,
 from __future__ import annotations
 
 from dart_ray.config.base import ConfigError
+from dart_ray.config.credentials import read_secret, redact
 from dart_ray.config.env import DesktopOptions, EnvConfig, MiniDeskOptions, MiniWobOptions
 from dart_ray.config.loader import apply_override, load_config
 from dart_ray.config.policy import PolicyConfig, is_loopback
 from dart_ray.config.reference import field_docs, reference_markdown
 from dart_ray.config.rollout import CurationConfig, RolloutConfig
 from dart_ray.config.run import ClusterConfig, RunConfig
-from dart_ray.config.secrets import read_secret, redact
 from dart_ray.config.store import StoreConfig
 from dart_ray.config.train import AlgoConfig, TrainConfig
 from dart_ray.config.tree import Config

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from dart_ray.config.base import ConfigError
-from dart_ray.config.secrets import SECRET_KEY, redact
+from dart_ray.config.credentials import SECRET_KEY, redact
 from dart_ray.config.tree import Config
 from dart_ray.masking import MASK
 

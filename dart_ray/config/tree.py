@@ -9,11 +9,11 @@ import yaml
 from pydantic import model_validator
 
 from dart_ray.config.base import Section
+from dart_ray.config.credentials import redact
 from dart_ray.config.env import EnvConfig
 from dart_ray.config.policy import PolicyConfig
 from dart_ray.config.rollout import CurationConfig, RolloutConfig
 from dart_ray.config.run import ClusterConfig, RunConfig
-from dart_ray.config.secrets import redact
 from dart_ray.config.store import StoreConfig
 from dart_ray.config.train import AlgoConfig, TrainConfig
 
