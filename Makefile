@@ -15,7 +15,9 @@ TORCH_SPEC ?= torch==2.13.0
 # `learning` (the 25-minute RL run of docs/LEARNING.md) does not fit CI's hour with the rest:
 # `make test-learning` runs it.
 # `schedule` (the seeded 50-fault schedule, about 20 minutes) neither: `make test-fault-schedule`.
-PYTEST_ARGS ?= -m "not gpu and not learning and not schedule"
+# Empty: scripts/test-tiers.sh runs the tiers (parallel, serial, vLLM) and times each; set it
+# to run one plain pytest instead (e.g. PYTEST_ARGS="-x tests/store").
+PYTEST_ARGS ?=
 ARGS ?=
 # The vLLM engine and its tests run in a second venv (scripts/setup-vllm-venv.sh says why).
 # TEST_VLLM=0 skips that tier. Only the folders holding `vllm` tests are collected there, so a
@@ -45,8 +47,7 @@ lint: $(STAMP)
 test: $(STAMP) lint
 	bash scripts/install-test-deps.sh
 	bash scripts/start-mariadb.sh
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
-	if [ "$(TEST_VLLM)" = 1 ]; then $(MAKE) test-vllm; fi
+	VENV=$(VENV) TEST_VLLM=$(TEST_VLLM) bash scripts/test-tiers.sh $(PYTEST_ARGS)
 
 test-learning: $(STAMP)
 	$(VENV)/bin/pytest -m learning -s tests/test_learning.py

@@ -21,6 +21,14 @@ from dart_ray.store.db import create_engine, init_schema
 from dart_ray.store.log import DurableLog
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests on the session's local Ray get the `ray` marker: scripts/test-tiers.sh runs
+    them one at a time (one Ray, one Serve HTTP port per host), the rest in parallel."""
+    for item in items:
+        if "ray_local" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.ray)
+
+
 def _mysql_server() -> str:
     if dsn := os.environ.get("DART_RAY_TEST_MYSQL_DSN"):
         return dsn
