@@ -10,6 +10,7 @@
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
+PIP := $(PY) -m pip -qq --disable-pip-version-check
 STAMP := $(VENV)/.installed-stamp
 TORCH_SPEC ?= torch==2.13.0
 # `learning` (the 25-minute RL run of docs/LEARNING.md) does not fit CI's hour with the rest:
@@ -31,11 +32,15 @@ VLLM_PYTEST_ARGS ?= -m vllm tests/engines tests/serve_apps
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
-	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(TORCH_SPEC)
-	$(PY) -m pip install -q -e '.[dev,browser,desktop]'
-	touch $(STAMP)
+	@echo "== setting up $(VENV): pip, $(TORCH_SPEC), dart-ray and its dependencies (a few minutes)"
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@# -qq: errors only; a healthy install prints nothing (pip's warnings about this
+	@# machine's find-links folders and setuptools' build chatter are not the user's business)
+	@$(PIP) install --upgrade pip
+	@$(PIP) install $(TORCH_SPEC)
+	@$(PIP) install -e '.[dev,browser,desktop]'
+	@touch $(STAMP)
+	@echo "== $(VENV) is ready"
 
 run: $(STAMP)
 	$(VENV)/bin/dart-ray train $(ARGS)
