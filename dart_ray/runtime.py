@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,44 @@ def check_fits(config: Config) -> None:
     if config.cluster.address is None:
         raise ConfigError(msg)
     log.warning("%s; waiting for the autoscaler to add nodes", msg)
+
+
+def missing_env_resource(config: Config, resources: dict[str, float]) -> str | None:
+    """What to tell a user whose cluster offers no unit of `env.resource` (each environment
+    session asks for one, so without it the run would wait forever); None if it is there."""
+    res = config.env.resource
+    if not res or resources.get(res, 0.0) >= 1.0:
+        return None
+    return (
+        f"no node of the Ray cluster offers the resource {res!r} that each environment "
+        f"session requests (env.resource): start nodes with `ray start ... "
+        f"--resources='{{\"{res}\": 8}}'`, give a node type `resources: {{{res}: 16}}` in the "
+        f'cluster YAML (cluster/aws.yaml does), or run with env.resource="" to place sessions '
+        "on any node"
+    )
+
+
+def wait_for_env_resource(
+    config: Config,
+    resources: Callable[[], dict[str, float]] = ray.cluster_resources,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """On a cluster, say at once which resource is missing, then give the autoscaler
+    `cluster.resource_wait_s` to add a node offering it; fail with the fix after that."""
+    hint = missing_env_resource(config, resources())
+    if hint is None:
+        return
+    wait = config.cluster.resource_wait_s
+    if config.cluster.address is None or wait <= 0:
+        raise ConfigError(hint)
+    log.warning("%s; waiting up to %.0f s for the autoscaler to add one", hint, wait)
+    waited = 0.0
+    while waited < wait:
+        sleep(2.0)
+        waited += 2.0
+        if missing_env_resource(config, resources()) is None:
+            return
+    raise ConfigError(f"{hint} (waited {wait:.0f} s)")
 
 
 def load_suite(config: Config, split: str) -> list[Task]:
@@ -238,6 +277,7 @@ def start(config: Config) -> Parts:
     start_ray(config)
     try:
         check_fits(config)
+        wait_for_env_resource(config)
     except ConfigError:
         finish_run(store.engine, run_id, "FAILED")
         raise

@@ -42,3 +42,28 @@ def test_on_a_cluster_it_waits_for_the_autoscaler(monkeypatch, caplog) -> None: 
     with caplog.at_level(logging.WARNING, logger="dart_ray.runtime"):
         runtime.check_fits(_config("cluster.address=auto"))
     assert "waiting for the autoscaler" in caplog.text
+
+
+def test_a_cluster_without_the_env_resource_is_named_at_once_and_fails_after_the_wait(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Seen: `ray start --head` then `ray job submit ... cluster.address=auto` on nodes with no
+    `env` resource waited forever while the autoscaler repeated that nothing fits."""
+    cfg = _config("cluster.address=auto", "cluster.resource_wait_s=6")
+    slept: list[float] = []
+    with (
+        caplog.at_level(logging.WARNING, logger="dart_ray.runtime"),
+        pytest.raises(ConfigError, match=r"resource 'env'.*--resources=.*env.resource=\"\"") as e,
+    ):
+        runtime.wait_for_env_resource(cfg, lambda: {"CPU": 8.0}, slept.append)
+    assert "waited 6 s" in str(e.value) and sum(slept) == 6.0
+    assert "resource 'env'" in caplog.text  # said before the wait, not after it
+    # the autoscaler adds a node offering it during the wait: the run goes on
+    offers = iter([{"CPU": 8.0}, {"CPU": 8.0}, {"CPU": 40.0, "env": 16.0}])
+    runtime.wait_for_env_resource(cfg, lambda: next(offers), lambda _: None)
+    # sessions that ask for no resource, or a cluster that has it: nothing to wait for
+    assert runtime.missing_env_resource(_config('env.resource=""'), {}) is None
+    assert runtime.missing_env_resource(cfg, {"env": 1.0}) is None
+    # a local Ray that lacks it (never: start_ray adds it) fails at once, without waiting
+    with pytest.raises(ConfigError, match="resource 'env'"):
+        runtime.wait_for_env_resource(_config(), dict, lambda _: pytest.fail("waited"))

@@ -49,3 +49,6 @@ class ClusterConfig(Section):
     """Ray namespace for the run's named actors."""
     dashboard_host: str = "127.0.0.1"
     """Where a local Ray's dashboard binds."""
+    resource_wait_s: float = Field(default=120.0, ge=0)
+    """Joining a cluster where no node offers `env.resource`: seconds to wait for the
+    autoscaler to add one before the run fails with the fix (a fixed cluster never will)."""
