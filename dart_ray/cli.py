@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,7 +29,7 @@ from dart_ray.store import StoreError, open_store
 from dart_ray.store.db import RowState
 from dart_ray.store.runs import get_run, latest_run
 
-DEFAULT_CONFIG = "configs/tiny-cpu.toml"
+DEFAULT_CONFIG = "configs/default.toml"
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -237,9 +239,33 @@ def cmd_model_init(args: argparse.Namespace, out: Console) -> int:
     return 0
 
 
+class _BelowWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING
+
+
+def quiet_third_party() -> None:
+    """A healthy run prints set-up lines, progress and the report; `-v` brings back:
+    - Serve's INFO lines in the driver ("Started Serve", "Application ... is ready", the
+      router's replica updates). Serve sets its logger's level when it starts, so a filter
+      (which it leaves alone) drops them;
+    - Ray's notice that token authentication is on (it is, and that is the point)."""
+    logging.getLogger("ray.serve").addFilter(_BelowWarning())
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(
+        logging.ERROR
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dart-ray", description="Decoupled multi-turn RL for GUI agents on Ray."
+    )
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=os.environ.get("DART_RAY_VERBOSE", "") not in ("", "0"),
+        help="also show Ray's and Serve's own log lines (env: DART_RAY_VERBOSE=1)",
     )
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -312,6 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     install_log_masking()  # URL passwords and secrets this process reads never reach a log
     args = build_parser().parse_args(argv)
+    if not args.verbose:
+        quiet_third_party()
     out = Console()
     try:
         return int(args.fn(args, out))

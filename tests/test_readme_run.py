@@ -1,6 +1,10 @@
 """The README's main-job command, `make run`, from a clean clone (marker `slow`): it sets up
-its own venv, runs `dart-ray train` on the embedded default, finishes on its own, and leaves
-the report, the curve and the TensorBoard events in the run folder."""
+its own venv, runs `dart-ray train` on the embedded default, finishes on its own, leaves the
+report, the curve and the TensorBoard events in the run folder, and prints no known noise.
+
+The default's 8 minutes of RL are cut to 1 here (the learning it shows is the `learning`
+tier's test_default_run_lifts_heldout_success_by_10_points); everything else is the
+README's command as a new user runs it."""
 
 from __future__ import annotations
 
@@ -20,10 +24,30 @@ def test_make_run_from_a_clean_clone(tmp_path: Path) -> None:
     subprocess.run(["git", "clone", "--quiet", str(REPO), str(clone)], check=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "RAY_"))}
     p = subprocess.run(
-        ["make", "run"], cwd=clone, env=env, capture_output=True, text=True, timeout=2300
+        ["make", "run", "ARGS=run.max_minutes=1 run.eval_tasks=10"],
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=2300,
     )
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-4000:]
+    # the noise a fresh clone's `make run` printed before (issue 20), each fixed at its source
+    noise = [
+        line
+        for line in out.splitlines()
+        if any(
+            n in line
+            for n in (
+                "is ignored: it is neither",  # pip, this machine's find-links (pip -qq)
+                "SetuptoolsDeprecationWarning",
+                "Token authentication is enabled",  # a notice, not a warning
+                " serve ",  # Serve's INFO lines in the driver
+            )
+        )
+    ]
+    assert not noise, "\n".join(noise[:20])
     assert "held-out success before -> after" in out, out[-4000:]
     reports = list((clone / "runs").glob("*/report.json"))
     assert len(reports) == 1, out[-2000:]
