@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -29,9 +30,9 @@ LIFT = 0.15
 pytestmark = [pytest.mark.slow, pytest.mark.learning]
 
 
-def _success(checkpoint: Path, out: Path) -> float:
+def _success(checkpoint: Path, out: Path, config: Path = CONFIG) -> float:
     subprocess.run(
-        [BIN / "dart-ray", "eval", "-c", CONFIG, "--checkpoint", checkpoint, "--json", out],
+        [BIN / "dart-ray", "eval", "-c", config, "--checkpoint", checkpoint, "--json", out],
         cwd=REPO,
         check=True,
         timeout=600,
@@ -73,3 +74,66 @@ def test_rl_lifts_heldout_success_by_15_points(tmp_path: Path) -> None:
     after = _success(_newest_checkpoint(tmp_path / "runs" / "learning"), tmp_path / "after.json")
     print(f"held-out success: warm start {before:.1%}, after RL {after:.1%}")
     assert after - before >= LIFT, f"{before:.1%} -> {after:.1%}: +{after - before:.1%}"
+
+
+RUNG1 = REPO / "configs" / "click-target.toml"
+RUNG1_LIFT = 0.30
+"""Rung 1's required gain (issue 17; never loosen it)."""
+
+
+@pytest.mark.timeout(30 * 60)
+@pytest.mark.xfail(
+    reason="measured 2026-12-04 from the 29% warm start, 100 held-out screens: +19 points in 7 "
+    "minutes (r6) and +10 in 8 (d1) with this config; earlier settings moved -8 to -2 "
+    "(docs/LEARNING.md, rung 1); +30 in 10 minutes on 300 screens not yet shown",
+    strict=False,
+)
+def test_rung1_single_target_lifts_heldout_success_by_30_points(tmp_path: Path) -> None:
+    """Rung 1: one button per screen, from `fixtures/tiny-target` (under 40% held out), +30
+    points on the 300 held-out screens within the 10 minutes of `configs/click-target.toml`."""
+    before = _success(REPO / "fixtures" / "tiny-target", tmp_path / "before.json", RUNG1)
+    assert before < 0.40, f"the warm start must start under 40%, it scores {before:.1%}"
+    subprocess.run(
+        [
+            BIN / "dart-ray",
+            "train",
+            "-c",
+            RUNG1,
+            f"run.root_dir={tmp_path / 'runs'}",
+            "run.run_id=rung1",
+        ],
+        cwd=REPO,
+        check=True,
+        timeout=20 * 60,
+    )
+    last = _newest_checkpoint(tmp_path / "runs" / "rung1")
+    after = _success(last, tmp_path / "after.json", RUNG1)
+    print(f"rung 1 held-out success: warm start {before:.1%}, after RL {after:.1%}")
+    assert after - before >= RUNG1_LIFT, f"{before:.1%} -> {after:.1%}: +{after - before:.1%}"
+
+
+DEFAULT_LIFT = 0.10
+"""The default run's required gain (issue 17; never loosen it)."""
+
+
+@pytest.mark.timeout(20 * 60)
+def test_default_run_lifts_heldout_success_by_10_points(tmp_path: Path) -> None:
+    """`make run`'s job as a new user runs it (`dart-ray train`, no options): held-out
+    success, greedy, on 100 unseen screens measured in the run before and after its 8 minutes
+    of RL, rises by at least 10 points, and the report prints the change with its interval."""
+    t0 = time.monotonic()
+    p = subprocess.run(
+        [BIN / "dart-ray", "train", f"run.root_dir={tmp_path}", "run.run_id=default"],
+        cwd=REPO,
+        check=True,
+        timeout=15 * 60,
+        capture_output=True,
+        text=True,
+    )
+    minutes = (time.monotonic() - t0) / 60
+    report = json.loads((tmp_path / "default" / "report.json").read_text())
+    before, after = report["heldout_before"], report["heldout_after"]
+    print(f"default run: {before:.1%} -> {after:.1%} held out in {minutes:.1f} minutes")
+    assert report["heldout_tasks"] >= 100 and minutes <= 10.5
+    assert "held-out success before -> after" in p.stdout and "95%" in p.stdout
+    assert after - before >= DEFAULT_LIFT, f"{before:.1%} -> {after:.1%}"
