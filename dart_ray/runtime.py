@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -163,6 +164,37 @@ def load_suite(config: Config, split: str) -> list[Task]:
     return tasks[: e.task_limit] if e.task_limit else tasks
 
 
+def _port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Serve's server does
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def check_local_inputs(config: Config) -> None:
+    """What a run on this machine needs from it, checked before anything starts, each a
+    one-line error naming the fix. (On a cluster the model folder lives on the nodes and
+    Serve may already hold the port, so these are left to the parts there.)"""
+    if config.cluster.address is not None:
+        return
+    p = config.policy
+    if p.model_path is not None and not (p.model_path / "config.json").is_file():
+        raise ConfigError(
+            f"policy.model_path = {p.model_path}: no model there (no config.json); build the "
+            "tiny one with `dart-ray model init --out DIR`, a warm start with `dart-ray sft "
+            "--out DIR`, or point it at a local checkpoint folder"
+        )
+    if not ray.is_initialized() and _port_in_use(p.http_host, p.http_port):
+        raise ConfigError(
+            f"policy.http_port = {p.http_port}: {p.http_host}:{p.http_port} is in use (a Ray "
+            "left running by an earlier run? `ray stop` ends it); free it or choose another, "
+            f"e.g. policy.http_port={p.http_port + 1}"
+        )
+
+
 def prepare_model(config: Config, run_dir: Path) -> Path:
     """The configured model folder, or the tiny model built once into the run folder."""
     if config.policy.model_path is not None:
@@ -251,6 +283,7 @@ class Parts:
 
 def start(config: Config) -> Parts:
     """Bring up every part of a run (or of a resumed run)."""
+    check_local_inputs(config)
     # Actors and train workers run in other working directories: every path they derive
     # from the config (the SQLite log, blobs, checkpoints) must be absolute.
     config = config.model_copy(

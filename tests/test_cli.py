@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -96,6 +97,10 @@ def test_db_init_and_status(
             ["status", "--config", "/nonexistent.toml"],
             "config file /nonexistent.toml does not exist",
         ),
+        (
+            ["train", "policy.model_path=/nonexistent-model"],
+            "policy.model_path = /nonexistent-model: no model there (no config.json); build",
+        ),
     ],
 )
 def test_errors_are_one_line_and_exit_2(args: list[str], expected: str, tmp_path: Path) -> None:
@@ -157,3 +162,22 @@ def test_a_part_rejecting_the_config_inside_ray_is_one_line(monkeypatch, capsys)
     assert main(["train", "env.kind=desktop"]) == 2
     err = capsys.readouterr().err
     assert err == "dart-ray train: a desktop needs at least 640x480 pixels\n"
+
+
+def test_a_port_in_use_is_one_line_naming_the_fix(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        p = subprocess.run(
+            [sys.executable, "-m", "dart_ray.cli", "train", f"policy.http_port={port}"],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=120,
+        )
+    assert p.returncode == 2, p.stderr
+    assert f"policy.http_port = {port}: 127.0.0.1:{port} is in use" in p.stderr
+    assert f"policy.http_port={port + 1}" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert not (tmp_path / "runs").exists()  # refused before anything was created
