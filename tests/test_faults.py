@@ -52,7 +52,8 @@ class World:
     dsn: str
 
     def train(self, run_id: str, *args: str, resume: bool = False) -> subprocess.Popen[bytes]:
-        cmd = [str(BIN / "dart-ray"), "train"]
+        # the small pipeline config (the default is sized to show learning, not faults)
+        cmd = [str(BIN / "dart-ray"), "train", "-c", str(REPO / "configs" / "tiny-cpu.toml")]
         if resume:
             cmd += ["--resume", run_id]
         cmd += [

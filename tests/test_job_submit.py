@@ -103,6 +103,8 @@ def test_job_submit_to_a_two_node_cluster(tmp_path: Path) -> None:
             "--",
             "dart-ray",
             "train",
+            "-c",
+            "configs/tiny-cpu.toml",
             f"run.root_dir={tmp_path}",
             "run.run_id=job-run",
             "run.max_versions=3",
