@@ -103,8 +103,12 @@ def _sync_iteration(parts: runtime.Parts, trainer: threading.Thread, deadline: f
         available = sum(n for (_, state), n in buffer.items() if state == 0)
         m = ray.get(parts.curator.metrics.remote())
         trained = len(ray.get(parts.control.history.remote()))
-        if available == 0 and m["queue_depth"] == 0 and m["steps_handed"] <= trained:
-            return  # no step is forming or training: roll out more
+        # no step is forming or training: roll out more. Rows the curator holds are a group
+        # being curated (or waiting for its timeout): rolling out again now would sample a
+        # second group with the same weights, and the next step would train on it off-policy
+        idle = m["queue_depth"] == 0 and m["held_rows"] == 0
+        if available == 0 and idle and m["steps_handed"] <= trained:
+            return
         time.sleep(0.5)
 
 
