@@ -49,6 +49,17 @@ def _newest_checkpoint(run_dir: Path) -> Path:
     return versions[-1]
 
 
+def _train_newest_checkpoint(config: Path, root: Path, run_id: str, timeout_s: float) -> Path:
+    """`dart-ray train -c CONFIG` into `root`; the newest checkpoint it wrote."""
+    subprocess.run(
+        [BIN / "dart-ray", "train", "-c", config, f"run.root_dir={root}", f"run.run_id={run_id}"],
+        cwd=REPO,
+        check=True,
+        timeout=timeout_s,
+    )
+    return _newest_checkpoint(root / run_id)
+
+
 @pytest.mark.timeout(40 * 60)
 @pytest.mark.xfail(
     reason="measured 2026-12-03: 35.3% -> 37.3% held out (+2.0 points) after 20 minutes, 201 "
@@ -58,20 +69,8 @@ def _newest_checkpoint(run_dir: Path) -> Path:
 )
 def test_rl_lifts_heldout_success_by_15_points(tmp_path: Path) -> None:
     before = _success(WARM_START, tmp_path / "before.json")
-    subprocess.run(
-        [
-            BIN / "dart-ray",
-            "train",
-            "-c",
-            CONFIG,
-            f"run.root_dir={tmp_path / 'runs'}",
-            "run.run_id=learning",
-        ],
-        cwd=REPO,
-        check=True,
-        timeout=30 * 60,
-    )
-    after = _success(_newest_checkpoint(tmp_path / "runs" / "learning"), tmp_path / "after.json")
+    last = _train_newest_checkpoint(CONFIG, tmp_path / "runs", "learning", 30 * 60)
+    after = _success(last, tmp_path / "after.json")
     print(f"held-out success: warm start {before:.1%}, after RL {after:.1%}")
     assert after - before >= LIFT, f"{before:.1%} -> {after:.1%}: +{after - before:.1%}"
 
@@ -93,20 +92,7 @@ def test_rung1_single_target_lifts_heldout_success_by_30_points(tmp_path: Path) 
     points on the 300 held-out screens within the 10 minutes of `configs/click-target.toml`."""
     before = _success(REPO / "fixtures" / "tiny-target", tmp_path / "before.json", RUNG1)
     assert before < 0.40, f"the warm start must start under 40%, it scores {before:.1%}"
-    subprocess.run(
-        [
-            BIN / "dart-ray",
-            "train",
-            "-c",
-            RUNG1,
-            f"run.root_dir={tmp_path / 'runs'}",
-            "run.run_id=rung1",
-        ],
-        cwd=REPO,
-        check=True,
-        timeout=20 * 60,
-    )
-    last = _newest_checkpoint(tmp_path / "runs" / "rung1")
+    last = _train_newest_checkpoint(RUNG1, tmp_path / "runs", "rung1", 20 * 60)
     after = _success(last, tmp_path / "after.json", RUNG1)
     print(f"rung 1 held-out success: warm start {before:.1%}, after RL {after:.1%}")
     assert after - before >= RUNG1_LIFT, f"{before:.1%} -> {after:.1%}: +{after - before:.1%}"
