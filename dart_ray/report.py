@@ -96,24 +96,36 @@ OFF_POLICY_KEYS = (
     "logp_diff_abs",
     "mismatch_kl_k3",
     "onpolicy_logp_diff_abs",
+    "sample_version_min",
+    "sample_version_max",
 )
 """Per-version metrics of how far training strays from what was sampled:
 clip fraction (all updates, and the batch's last update), the share of tokens whose
 importance weight was capped or masked, the engine-vs-trainer log-prob gap on the sampled
 tokens (mean |diff| and k3 KL, staleness included), and that gap on tokens sampled by the
-very weights the trainer held (the pure engine-vs-trainer mismatch)."""
+very weights the trainer held (the pure engine-vs-trainer mismatch), and the oldest and
+newest weight version among the samples trained (min and max over the version's steps)."""
 
 
 def off_policy_by_version(history: list[dict[str, float]]) -> list[dict[str, float]]:
-    """Means of `OFF_POLICY_KEYS` over the steps of each version, in version order."""
+    """`OFF_POLICY_KEYS` over the steps of each version, in version order: means, except
+    that a `_min` key takes the minimum and a `_max` key the maximum."""
     acc: dict[int, dict[str, list[float]]] = {}
     for h in history:
         v = int(h.get("version", 0))
         for k in OFF_POLICY_KEYS:
             if k in h:
                 acc.setdefault(v, {}).setdefault(k, []).append(float(h[k]))
+
+    def combine(k: str, xs: list[float]) -> float:
+        if k.endswith("_min"):
+            return min(xs)
+        if k.endswith("_max"):
+            return max(xs)
+        return sum(xs) / len(xs)
+
     return [
-        {"version": float(v), **{k: sum(xs) / len(xs) for k, xs in acc[v].items()}}
+        {"version": float(v), **{k: combine(k, xs) for k, xs in acc[v].items()}}
         for v in sorted(acc)
     ]
 

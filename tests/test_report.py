@@ -12,12 +12,19 @@ def test_off_policy_metrics_are_averaged_per_version() -> None:
     # measured the on-policy gap; keys a step did not report are left out, not zero
     history = [
         {"version": 1, "clip_frac": 0.1, "is_capped_frac": 0.0, "loss": 5.0},
-        {"version": 1, "clip_frac": 0.3, "is_capped_frac": 0.5},
+        {"version": 1, "clip_frac": 0.3, "is_capped_frac": 0.5, "sample_version_min": 0},
+        {"version": 1, "sample_version_min": 1, "sample_version_max": 1},
         {"version": 2, "clip_frac": 0.0, "onpolicy_logp_diff_abs": 2e-6},
     ]
     rows = off_policy_by_version(history)
     assert rows == [
-        {"version": 1.0, "clip_frac": pytest.approx(0.2), "is_capped_frac": 0.25},
+        {
+            "version": 1.0,
+            "clip_frac": pytest.approx(0.2),
+            "is_capped_frac": 0.25,
+            "sample_version_min": 0.0,  # the oldest sample of the version's steps
+            "sample_version_max": 1.0,
+        },
         {"version": 2.0, "clip_frac": 0.0, "onpolicy_logp_diff_abs": 2e-6},
     ]
 

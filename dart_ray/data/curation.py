@@ -110,7 +110,9 @@ def curate_group(
     trajs: list[Trajectory] = [t for _, t in keep]
     rows: list[LogRow | None] = [r for r, _ in keep]
     successes = [t.reward >= params.success_threshold for t in trajs]
-    if params.success_replay and replay is not None:
+    # a replay needs a member of this group beside it: in a group of one it would take the
+    # only sample's place (nothing on-policy left, and one member has no advantage anyway)
+    if params.success_replay and replay is not None and len(trajs) > 1:
         trajs, replaced = replay_into_group(trajs, successes, replay)
         if replaced is not None:
             row = rows[replaced]

@@ -13,7 +13,9 @@ renews them. A dead curator's or trainer's rows return to the pool when their le
 Staleness is enforced wherever a row waits, not only in the log: every poll drops (reason
 `stale`) a pending group, a curated group or a queued step that holds a row older than
 `version - max_staleness`, and `take_step` checks again at hand-out, so no sample older than
-the bound reaches a gradient. A group that stays below `min_group` for `group_abandon_s` is
+the bound reaches a gradient. That includes success replays: a task's newest success is
+replayed into an all-fail group only while it is within the bound, and a step's oldest
+version counts the replayed samples. A group that stays below `min_group` for `group_abandon_s` is
 dropped (`group_incomplete`) rather than held forever.
 """
 
@@ -83,6 +85,9 @@ class CuratorMetrics:
     rows_trained: int = 0
     samples_formed: int = 0
     replays: int = 0
+    replays_stale: int = 0
+    """All-fail groups whose task's newest success was older than the staleness bound (so
+    not replayed)."""
     released_rows: int = 0
     """Rows of handed-out steps given back because their trainer went away."""
     dropped: Counter[str] = field(default_factory=Counter)
@@ -166,10 +171,14 @@ class CuratorCore:
         if stats is None or stats.last_success_uri is None:
             return None
         try:
-            return self.blobs.read(stats.last_success_uri)
+            replay = self.blobs.read(stats.last_success_uri)
         except (FileNotFoundError, ValueError, OSError) as e:
             log.warning("replay blob for task %s unreadable: %s", task_id, e)
             return None
+        if replay.min_version < self.min_version:  # the bound holds for replays too
+            self.metrics.replays_stale += 1
+            return None
+        return replay
 
     def _curate(self, group: list[LogRow]) -> GroupOutcome:
         members = [(r, self._trajectories[r.id]) for r in group if r.id in self._trajectories]
@@ -195,6 +204,8 @@ class CuratorCore:
             samples = [s for o in outs for s in o.samples]
             rewards = [r for o in outs for r in o.rewards]
             rows = [r for o in outs for r in o.trained_rows]
+            # the oldest sample, a replay's included (the hand-out staleness check reads it)
+            oldest = min([self._versions[r] for r in rows] + [s.weight_version for s in samples])
             step = TrainStep(
                 step_id=-1,
                 shards=pack(samples, self.s.num_ranks),
@@ -203,7 +214,7 @@ class CuratorCore:
                 num_samples=len(samples),
                 num_groups=len(outs),
                 mean_reward=sum(rewards) / len(rewards),
-                min_version=min(self._versions[r] for r in rows),
+                min_version=oldest,
             )
             self.queue.append(step)
             self.metrics.steps_formed += 1

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import ray
 import torch
 import torch.distributed as dist
@@ -132,6 +134,15 @@ def _next_shard(
             return res
         if _any(ray.get(control.stop_requested.remote())):
             return None
+
+
+def _sample_versions(shard: pa.RecordBatch) -> dict[str, float]:
+    """The oldest and newest weight version among the step's samples on this rank (what a
+    reader checks to see how on- or off-policy a step was)."""
+    if shard.num_rows == 0:
+        return {}
+    lo, hi = pc.min_max(shard.column("weight_version")).values()
+    return {"sample_version_min": float(lo.as_py()), "sample_version_max": float(hi.as_py())}
 
 
 class Publisher:
@@ -311,6 +322,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         t0 = time.monotonic()
         metrics = learner.step(shard, version if step == synced_step else None)
         metrics["step_s"] = time.monotonic() - t0
+        metrics.update(_sample_versions(shard))
         if pub is not None:
             pub.leases.renew()  # the step may have taken a good part of the lease
         step += 1

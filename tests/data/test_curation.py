@@ -81,6 +81,19 @@ def test_replay_fills_an_all_fail_group() -> None:
     assert {s.weight_version for s in win} == {1}  # its own behaviour policy, for IS weights
 
 
+def test_a_replay_never_takes_the_place_of_a_groups_only_sample() -> None:
+    """A group with one trainable member (the others aborted) is not replayed into: the
+    replay would take its place, and the step would train only on another version's sample,
+    with nothing of this group to compare it with (one member: advantage 0 either way)."""
+    winner = make_trajectory("old-win", reward=1.0, n_steps=3, version=1)
+    members = group(0.0)
+    ab = make_trajectory("ab", status=Status.ABORTED, n_steps=1)
+    members.append((row_for(ab, 7), ab))
+    out = curate_group(members, CurationParams(drop_no_signal=False), replay=winner)
+    assert out.replayed is None and out.trained_rows == [1]
+    assert {s.trajectory_id for s in out.samples} == {"t0"}
+
+
 def test_no_signal_groups_are_dropped_with_the_reason() -> None:
     out = curate_group(group(0.0, 0.0), CurationParams(success_replay=False))
     assert out.samples == [] and out.dropped == {1: "no_signal", 2: "no_signal"}

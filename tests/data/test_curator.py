@@ -11,6 +11,7 @@ import pyarrow as pa
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from dart_ray.data.curation import CurationParams
 from dart_ray.data.curator import CuratorCore, CuratorSettings
 from dart_ray.records import SAMPLE_SCHEMA, Status
 from dart_ray.store.blobs import BlobStore
@@ -144,6 +145,38 @@ def test_replay_from_the_log_fills_an_all_fail_group(log: DurableLog, tmp_path: 
         .to_pylist()
     )
     assert "t#0/2" in ids  # the newest success of task t took the oldest failure's place
+
+
+def test_a_replay_older_than_the_bound_never_reaches_a_gradient(
+    log: DurableLog, tmp_path: Path
+) -> None:
+    """The task's newest success was sampled at version 0; the policy is at 5 (bound 2).
+    An all-fail group of that task at version 5 trains without it: a replay is a sample like
+    any other, and the staleness bound holds for it too (it was replayed from any age)."""
+    blobs = BlobStore(tmp_path / "blobs")
+    write_group(log, blobs, "t", 0, [1.0, 0.0, 1.0, 0.0])
+    params = CurationParams(drop_no_signal=False)  # a group without its replay still trains
+    core = CuratorCore(log, blobs, settings(groups_per_step=1, max_staleness=2, params=params))
+    core.poll()
+    assert core.take_step() is not None
+    core.set_version(5)
+    write_group(log, blobs, "t", 1, [0.0, 0.0, 0.0, 0.0], version=5)
+    core.poll()
+    step = core.take_step()
+    assert step is not None and core.metrics.replays == 0 and core.metrics.replays_stale == 1
+    versions = pa.concat_arrays([b.column("weight_version") for b in step.shards]).to_pylist()
+    assert set(versions) == {5} and step.min_version == 5
+    # within the bound the replay is used, and the step's oldest version counts it
+    write_group(log, blobs, "t", 2, [0.0, 0.0, 0.0, 0.0], version=6)
+    write_group(log, blobs, "u", 0, [1.0, 0.0, 0.0, 0.0], version=4)
+    write_group(log, blobs, "u", 1, [0.0, 0.0, 0.0, 0.0], version=6)
+    core.set_version(6)
+    steps = []
+    for _ in range(3):  # the queue holds two steps: poll between hand-outs
+        core.poll()
+        steps.append(core.take_step())
+    assert core.metrics.replays == 1
+    assert sorted(st.min_version for st in steps if st is not None) == [4, 4, 6]
 
 
 def test_backpressure_leaves_rows_in_the_pool(log: DurableLog, tmp_path: Path) -> None:
