@@ -66,7 +66,7 @@ def test_a_short_run_accounts_for_everything(mode: str, tmp_path: Path) -> None:
         trained_at = [
             (int(r["version"]) - 1, r.get("sample_version_max")) for r in report.off_policy
         ]
-        assert all(v == hi for v, hi in trained_at), report.off_policy
+        assert all(v == hi for v, hi in trained_at), trained_at
 
     store = open_store(cfg)
     with store.engine.connect() as c:

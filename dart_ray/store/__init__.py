@@ -23,6 +23,7 @@ from dart_ray.store.db import (
     RetryPolicy,
     StoreError,
     check_connection,
+    check_schema,
     create_engine,
     describe_error,
     init_schema,
@@ -123,6 +124,8 @@ def open_store(config: Config, *, init: bool = False, wait: bool = False) -> Sto
             raise
     if init:
         init_schema(engine)
+    else:
+        check_schema(engine)
     blob_uri = sc.blob_uri or str(config.run.root_dir / "blobs")
     return Store(
         engine=engine,

@@ -392,8 +392,35 @@ def check_connection(
 
 
 def init_schema(engine: Engine) -> None:
-    """Create every table and index that does not exist yet (idempotent)."""
+    """Create every table and index that does not exist yet (idempotent), then check that
+    the tables that were already there are this version's (`check_schema`)."""
     try:
         metadata.create_all(engine)
     except DBAPIError as e:
         raise StoreError(describe_error(e, engine.url)) from None
+    check_schema(engine)
+
+
+def check_schema(engine: Engine) -> None:
+    """Raise a one-line StoreError if a table this version uses lacks columns it reads: a
+    log written by another dart-ray version fails here, naming the fix, instead of deep in a
+    part with "no such column". Tables that do not exist yet are `init_schema`'s to create."""
+    try:
+        insp = sa.inspect(engine)
+        present = set(insp.get_table_names())
+        missing = {
+            t.name: sorted(set(t.columns.keys()) - {c["name"] for c in insp.get_columns(t.name)})
+            for t in metadata.sorted_tables
+            if t.name in present
+        }
+    except DBAPIError as e:
+        raise StoreError(describe_error(e, engine.url)) from None
+    missing = {t: cols for t, cols in missing.items() if cols}
+    if missing:
+        what = "; ".join(f"table {t} lacks {', '.join(cols)}" for t, cols in missing.items())
+        where = engine.url.render_as_string(hide_password=True)
+        raise StoreError(
+            f"the database at {where} was written by another dart-ray version ({what}): "
+            "start this run in a fresh place (another run.root_dir, or a store.dsn naming a "
+            "new database), or keep using the version that wrote it"
+        )
