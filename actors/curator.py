@@ -238,6 +238,12 @@ class Curator:
         self.core.set_version(version)
 
     async def metrics(self) -> dict[str, object]:
+        """The core's counters, read between polls: a poll updates them when it ends, so a
+        read during one would see rows claimed in the log but not yet counted as held."""
+        async with self._lock:
+            return self._metrics()
+
+    def _metrics(self) -> dict[str, object]:
         m = asdict(self.core.metrics)
         m["dropped"] = dict(self.core.metrics.dropped)
         m["staleness"] = dict(self.core.metrics.staleness)

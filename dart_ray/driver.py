@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import ray
 
@@ -78,9 +79,12 @@ def _supervise(parts: runtime.Parts, rollouts: list[ray.ObjectRef]) -> list[ray.
 
 
 def _run_groups(parts: runtime.Parts, groups: int) -> None:
-    """Sync mode: every rollouter opens and finishes `groups` groups; one that dies is asked
-    again once Ray has restarted it."""
-    pending = {i: r.run.remote(max_groups=groups) for i, r in enumerate(parts.rollouters)}
+    """Sync mode: `groups` new groups in all, shared out over the rollouters (each asked for
+    all of them would roll out rollouters x groups with the same weights, and every step but
+    the first would train off-policy); one that dies is asked again once Ray restarted it."""
+    n = len(parts.rollouters)
+    share = {i: groups // n + (i < groups % n) for i in range(n)}
+    pending = {i: parts.rollouters[i].run.remote(max_groups=k) for i, k in share.items() if k > 0}
     while pending:
         for i, ref in list(pending.items()):
             try:
@@ -88,26 +92,45 @@ def _run_groups(parts: runtime.Parts, groups: int) -> None:
                 del pending[i]
             except _GONE as e:
                 log.warning("rollouter %d stopped (%s); asking it again", i, type(e).__name__)
-                pending[i] = parts.rollouters[i].run.remote(max_groups=groups)
+                pending[i] = parts.rollouters[i].run.remote(max_groups=share[i])
+
+
+def sync_groups_needed(
+    available: int, curator: dict[str, Any], trained: int, groups_per_step: int
+) -> int:
+    """Sync mode: how many groups to roll out now with the weights the trainer holds; 0
+    while a step is still forming or training (rows in the log not yet claimed, a group still
+    filling, a step queued or handed out and not yet trained). Curated groups waiting for a
+    step count towards it: a step short of groups (some were dropped: no signal, env errors)
+    gets exactly the groups it lacks, so no group is sampled that the next step would train
+    after the weights changed."""
+    forming = (
+        available > 0
+        or curator["filling_groups"] > 0
+        or curator["queue_depth"] > 0
+        or curator["steps_handed"] > trained
+    )
+    if forming:
+        return 0
+    return max(1, groups_per_step - curator["ready_groups"])
 
 
 def _sync_iteration(parts: runtime.Parts, trainer: threading.Thread, deadline: float) -> None:
-    """Roll out one step's groups, then wait until the trainer has published a new version,
-    or until nothing more can train without more rollouts (every group was dropped, or the
-    curator holds fewer trainable groups than a step needs), or the budget runs out."""
+    """Roll out the groups the next step lacks, then wait until the trainer has published a
+    new version, or until nothing more can train without more rollouts, or the budget runs
+    out. Every read of the curator waits for its poll in progress (a consistent state)."""
+    gps = parts.config.curation.groups_per_step
     v = _policy_version(parts)
-    groups = parts.config.curation.groups_per_step
+    groups = max(1, gps - int(ray.get(parts.curator.metrics.remote())["ready_groups"]))
     _run_groups(parts, groups)
+    log.debug("sync: %d groups rolled out at version %d", groups, v)
     while trainer.is_alive() and _policy_version(parts) == v and time.monotonic() < deadline:
         buffer = parts.store.log.buffer(parts.run_id)
         available = sum(n for (_, state), n in buffer.items() if state == 0)
         m = ray.get(parts.curator.metrics.remote())
         trained = len(ray.get(parts.control.history.remote()))
-        # no step is forming or training: roll out more. Rows the curator holds are a group
-        # being curated (or waiting for its timeout): rolling out again now would sample a
-        # second group with the same weights, and the next step would train on it off-policy
-        idle = m["queue_depth"] == 0 and m["held_rows"] == 0
-        if available == 0 and idle and m["steps_handed"] <= trained:
+        if sync_groups_needed(available, m, trained, gps):
+            log.debug("sync: nothing forms at version %d (%s, %d trained): more", v, m, trained)
             return
         time.sleep(0.5)
 

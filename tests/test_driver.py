@@ -58,15 +58,13 @@ def test_a_short_run_accounts_for_everything(mode: str, tmp_path: Path) -> None:
     onpolicy = [
         r["onpolicy_logp_diff_abs"] for r in report.off_policy if "onpolicy_logp_diff_abs" in r
     ]
-    # (In sync mode every step should also hold on-policy tokens; in 2 of 6 runs on a loaded
-    # machine one step had none, cause not yet found: see docs/TRAINING.md. Until it is, the
-    # check is that the steps that have them agree to float noise.)
     assert onpolicy and max(onpolicy) < 1e-3
-    if mode == "sync":  # each step trains on samples of the weights it starts from
+    if mode == "sync":  # every step holds samples of the weights it starts from
         trained_at = [
             (int(r["version"]) - 1, r.get("sample_version_max")) for r in report.off_policy
         ]
         assert all(v == hi for v, hi in trained_at), trained_at
+        assert len(onpolicy) == 2
 
     store = open_store(cfg)
     with store.engine.connect() as c:

@@ -79,6 +79,11 @@ class TrainStep:
 class CuratorMetrics:
     queue_depth: int = 0
     pending_groups: int = 0
+    """Groups still filling plus curated groups waiting for a step."""
+    filling_groups: int = 0
+    """Groups still waiting for members (or for their timeout)."""
+    ready_groups: int = 0
+    """Curated, trainable groups waiting for enough partners to make a step."""
     held_rows: int = 0
     steps_formed: int = 0
     steps_acked: int = 0
@@ -384,4 +389,6 @@ class CuratorCore:
     def _update_gauges(self) -> None:
         self.metrics.queue_depth = len(self.queue)
         self.metrics.pending_groups = len(self.groups) + len(self._ready)
+        self.metrics.filling_groups = len(self.groups)
+        self.metrics.ready_groups = len(self._ready)
         self.metrics.held_rows = len(self._claims)

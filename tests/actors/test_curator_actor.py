@@ -138,3 +138,35 @@ def test_shutdown_during_a_poll_leaves_nothing_claimed(tmp_path: Path) -> None:
     assert RowState.CLAIMED not in {state for _, state in store.log.buffer("run-a")}
     ray.kill(cur)
     store.dispose()
+
+
+def test_metrics_never_miss_rows_a_poll_has_claimed(tmp_path: Path) -> None:
+    """A poll claims rows in the log, then reads their blobs. Metrics read in between said
+    `held_rows == 0` while the log said the rows were claimed: the sync driver took that for
+    "nothing is forming" and rolled out a second group with the same weights (CI's sync-mode
+    step without on-policy samples). Metrics wait for the poll in progress."""
+    cfg, store = setup(tmp_path, "curation.groups_per_step=1")
+    cur = Curator.remote(cfg, "run-a", 1, 0.05)  # type: ignore[attr-defined]
+
+    def slow_blobs(self_: object) -> None:
+        blobs = self_.core.blobs  # type: ignore[attr-defined]
+        read = blobs.read
+
+        def slow(uri: str):  # type: ignore[no-untyped-def]
+            time.sleep(0.5)
+            return read(uri)
+
+        blobs.read = slow
+
+    ray.get(cur.__ray_call__.remote(slow_blobs))  # type: ignore[attr-defined]
+    write_group(store.log, store.blobs, "a", 0, [1.0, 0.0, 0.0, 0.0])
+    ray.get(cur.start.remote())
+    deadline = time.monotonic() + 10
+    while RowState.CLAIMED not in {s for _, s in store.log.buffer("run-a")}:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    m = ray.get(cur.metrics.remote())  # the poll is reading the claimed rows' blobs
+    assert m["held_rows"] + m["queue_depth"] > 0, m
+    ray.get(cur.shutdown.remote())
+    ray.kill(cur)
+    store.dispose()
