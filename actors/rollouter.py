@@ -31,7 +31,7 @@ from ray.util import metrics
 
 from dart_ray.config import Config
 from dart_ray.engines.base import SamplingParams
-from dart_ray.records import Status, Task, Trajectory
+from dart_ray.records import PackedTasks, Status, Trajectory
 from dart_ray.rollout.episode import (
     EpisodeSettings,
     RaySession,
@@ -99,7 +99,7 @@ class Rollouter:
         self,
         config: Config,
         run_id: str,
-        tasks: list[Task],
+        tasks: PackedTasks,
         sessions: list[Any],
         policy_app: str,
         shard: tuple[int, int] = (0, 1),
@@ -108,7 +108,7 @@ class Rollouter:
         self.c = config
         self.run_id = run_id
         self.store = open_store(config, wait=True)
-        mine = tasks[shard[0] :: shard[1]]
+        mine = tasks.unpack()[shard[0] :: shard[1]]
         self._tasks = {t.task_id: t for t in mine}
         self.name = f"rollouter-{shard[0]}"
         self._index = shard[0]

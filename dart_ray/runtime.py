@@ -33,7 +33,7 @@ from actors.rollouter import Rollouter
 from dart_ray.config import Config, ConfigError
 from dart_ray.engines.base import SamplingParams
 from dart_ray.evaluate import EvalResult, evaluate
-from dart_ray.records import Task
+from dart_ray.records import PackedTasks, Task
 from dart_ray.rollout.episode import EpisodeSettings, ServePolicy
 from dart_ray.store import Store, open_store
 from dart_ray.store.episodes import log_unfinished
@@ -348,11 +348,19 @@ def start(config: Config) -> Parts:
     parts.control = RunControl.options(name=parts.names("control"), namespace=ns).remote(
         parts.run_id
     )
+    packed = PackedTasks.of(tasks)
+    if not packed.inline:
+        log.warning(
+            "%d training tasks pack to %d KB, above what travels inline with an actor: a "
+            "rollouter that Ray restarts then depends on the object store's copy of them",
+            len(tasks),
+            len(packed.blob) // 1024,
+        )
     parts.rollouters = [
         Rollouter.options(name=parts.names(f"rollouter-{i}"), namespace=ns).remote(
             config,
             run_id,
-            tasks,
+            packed,
             sessions[i :: config.rollout.rollouters],
             app,
             (i, config.rollout.rollouters),

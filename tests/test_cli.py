@@ -181,3 +181,31 @@ def test_a_port_in_use_is_one_line_naming_the_fix(tmp_path: Path) -> None:
     assert f"policy.http_port={port + 1}" in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert not (tmp_path / "runs").exists()  # refused before anything was created
+
+
+def test_known_raylet_notices_are_dropped_and_the_rest_printed(capsys) -> None:  # type: ignore[no-untyped-def]
+    """What a healthy local run printed from the raylet (issue 20): the worker-pool notice
+    (a fixed threshold of 4x min(cpus, num_cpus) workers, which fractional-CPU actors pass by
+    design) and Serve's own shutdown. Anything else the raylet says still shows."""
+    from ray._private import worker
+
+    from dart_ray.cli import quiet_third_party
+
+    original = worker.print_to_stdstream
+    try:
+        quiet_third_party()
+        quiet_third_party()  # idempotent: wraps once
+        lines = [
+            "WARNING: 8 PYTHON worker processes have been started on node: abc with address: "
+            "127.0.0.1, which is 4x the maximum expected startup concurrency (2).",
+            "Task ServeController.listen_for_change failed. There are infinite retries "
+            "remaining, so the task will be retried. Error: The actor is dead because it was "
+            "killed by `ray.kill`.",
+            "The node with node id: abc has been marked dead",
+        ]
+        worker.print_to_stdstream({"lines": lines, "pid": "raylet", "is_err": False}, False)
+        out = capsys.readouterr().out
+        assert "marked dead" in out
+        assert "PYTHON worker processes" not in out and "ray.kill" not in out
+    finally:
+        worker.print_to_stdstream = original

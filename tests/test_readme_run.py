@@ -44,6 +44,9 @@ def test_make_run_from_a_clean_clone(tmp_path: Path) -> None:
                 "SetuptoolsDeprecationWarning",
                 "Token authentication is enabled",  # a notice, not a warning
                 " serve ",  # Serve's INFO lines in the driver
+                "PYTHON worker processes have been started",  # raylet notice (filtered)
+                "constructor arguments in the object store",  # ray#53727 E line (tasks packed)
+                "killed by `ray.kill`",  # Serve's shutdown (filtered)
             )
         )
     ]

@@ -99,3 +99,16 @@ def test_sample_schema_carries_what_the_trainer_needs() -> None:
         "loss_mask",
     } <= set(SAMPLE_SCHEMA.names)
     assert SAMPLE_SCHEMA.field("prompt_ids").type == pa.list_(pa.int32())
+
+
+def test_packed_tasks_round_trip_and_travel_inline() -> None:
+    """The shipped suites reach a rollouter inline (kept with its creation spec, so a restart
+    gets them back; a pickled list of the 1,000 click-target tasks is 274 KB, over Ray's
+    100 KB inline limit, and Ray printed an E line for it: ray#53727)."""
+    from dart_ray.envs.minidesk.generate import load_tasks
+    from dart_ray.records import PackedTasks
+
+    for split in ("train", "heldout"):
+        tasks = load_tasks(split=split)
+        packed = PackedTasks.of(tasks)
+        assert packed.unpack() == tasks and packed.inline, (split, len(packed.blob))

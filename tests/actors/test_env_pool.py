@@ -12,6 +12,7 @@ import ray
 
 from actors.env_pool import EnvPoolGrower, sessions_wanted
 from dart_ray.config import ConfigError, load_config
+from dart_ray.records import PackedTasks
 
 
 def test_sessions_wanted_follows_whole_units_up_to_the_cap() -> None:
@@ -160,7 +161,9 @@ def test_a_rollouter_plays_on_sessions_it_is_given(tiny_model_dir: Path, tmp_pat
     store = open_store(cfg, init=True)
     run_policy(cfg.policy, tiny_model_dir, name="policy-pool", route_prefix="/pool")
     first, second = start_sessions(cfg.env.model_copy(update={"num_sessions": 2}), "pool-r")
-    r = Rollouter.remote(cfg, "run-p", load_tasks(split="train")[:2], [first], "policy-pool")  # type: ignore[attr-defined]
+    r = Rollouter.remote(
+        cfg, "run-p", PackedTasks.of(load_tasks(split="train")[:2]), [first], "policy-pool"
+    )  # type: ignore[attr-defined]
     assert ray.get(r.add_sessions.remote([second])) == 2
     report = ray.get(r.run.remote(max_groups=2))
     assert report.sessions == 2 and report.started == 4

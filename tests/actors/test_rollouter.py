@@ -15,7 +15,7 @@ from actors.env_session import start_sessions
 from actors.rollouter import Rollouter
 from dart_ray.config import load_config
 from dart_ray.envs.minidesk.generate import load_tasks
-from dart_ray.records import Status
+from dart_ray.records import PackedTasks, Status
 from dart_ray.store import open_store
 from serve_apps.policy import run_policy
 from tests.conftest import TINY_TEST_PIXELS
@@ -49,7 +49,7 @@ def test_groups_are_rolled_out_and_logged(tiny_model_dir: Path, tmp_path: Path) 
     run_policy(cfg.policy, tiny_model_dir, name="policy-roll", route_prefix="/roll")
     sessions = start_sessions(cfg.env, prefix="roll")
     tasks = load_tasks(split="train")[:5]
-    r = Rollouter.remote(cfg, "run-r", tasks, sessions, "policy-roll")  # type: ignore[attr-defined]
+    r = Rollouter.remote(cfg, "run-r", PackedTasks.of(tasks), sessions, "policy-roll")  # type: ignore[attr-defined]
     report = ray.get(r.run.remote(max_groups=3))
     assert report.groups_completed == 3
     assert sum(report.logged.values()) == report.started == 6  # 3 groups x 2 rollouts
@@ -93,7 +93,7 @@ def test_a_crashed_session_aborts_the_episode_and_it_is_retried(
     base = load_tasks(split="train")[0]
     marker = tmp_path / "crashed"
     task = replace(base, config={**base.config, "crash_marker": str(marker)})
-    r = Rollouter.remote(cfg, "run-k", [task], [session], "policy-kill")  # type: ignore[attr-defined]
+    r = Rollouter.remote(cfg, "run-k", PackedTasks.of([task]), [session], "policy-kill")  # type: ignore[attr-defined]
     report = ray.get(r.run.remote(max_groups=1))
     assert marker.exists()  # it did crash
     assert report.logged[Status.ABORTED.value] == 1  # recorded, never as a reward-0 failure
@@ -133,7 +133,7 @@ def test_a_restarted_rollouter_takes_back_the_sessions_the_pool_added(
     first, added = start_sessions(cfg.env, prefix="regrow")
     pool = _Pool.options(name="env-pool:regrow", namespace="dart-ray").remote([added])  # type: ignore[attr-defined]
     r = Rollouter.options(namespace="dart-ray").remote(  # type: ignore[attr-defined]
-        cfg, "run-g", load_tasks(split="train")[:3], [first], "policy-regrow", (0, 1),
+        cfg, "run-g", PackedTasks.of(load_tasks(split="train")[:3]), [first], "policy-regrow", (0, 1),
         "env-pool:regrow",
     )  # fmt: skip
     assert ray.get(r.add_sessions.remote([added])) == 2  # the pool hands it over while running
