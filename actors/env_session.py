@@ -304,6 +304,11 @@ def start_session(config: EnvConfig, name: str | None = None) -> Any:
     return ray.remote(EnvSession).options(**opts).remote(config, name or "env-session")
 
 
+def session_names(config: EnvConfig, prefix: str = "env") -> list[str]:
+    """The names of the sessions `start_sessions(config, prefix)` starts."""
+    return [f"{prefix}-{i}" for i in range(config.num_sessions)]
+
+
 def start_sessions(config: EnvConfig, prefix: str = "env") -> list[Any]:
     """`config.num_sessions` sessions named `<prefix>-0`, `<prefix>-1`, ..."""
-    return [start_session(config, f"{prefix}-{i}") for i in range(config.num_sessions)]
+    return [start_session(config, name) for name in session_names(config, prefix)]

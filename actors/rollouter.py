@@ -124,6 +124,9 @@ class Rollouter:
             incarnation=f"{uuid.uuid4().hex[:6]}-",
         )
         self.policy = ServePolicy(serve.get_deployment_handle("PolicyServer", policy_app))
+        # names, looked up here (the run passes names: an actor handle among a restartable
+        # actor's constructor arguments makes Ray print an E line, ray#53727), or handles
+        sessions = [ray.get_actor(s) if isinstance(s, str) else s for s in sessions]
         self.sessions = sessions
         self.idle: asyncio.Queue[Any] = asyncio.Queue()
         for s in sessions:

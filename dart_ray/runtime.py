@@ -27,7 +27,7 @@ from actors.control import RunControl
 from actors.curator import NUM_CPUS as CURATOR_CPUS
 from actors.curator import Curator
 from actors.env_pool import start_grower
-from actors.env_session import start_sessions
+from actors.env_session import session_names, start_sessions
 from actors.rollouter import NUM_CPUS as ROLLOUTER_CPUS
 from actors.rollouter import Rollouter
 from dart_ray.config import Config, ConfigError
@@ -325,6 +325,7 @@ def start(config: Config) -> Parts:
         route_prefix=f"/{app}",
     )
     sessions = start_sessions(config.env, prefix=f"env-{run_id}")
+    names = session_names(config.env, prefix=f"env-{run_id}")
     tasks, heldout = load_suite(config, "train"), _heldout(config)
     parts = Parts(
         config,
@@ -361,7 +362,7 @@ def start(config: Config) -> Parts:
             config,
             run_id,
             packed,
-            sessions[i :: config.rollout.rollouters],
+            names[i :: config.rollout.rollouters],
             app,
             (i, config.rollout.rollouters),
             parts.names("env-pool") if config.env.max_sessions is not None else None,
