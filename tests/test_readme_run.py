@@ -1,6 +1,8 @@
 """The README's main-job command, `make run`, from a clean clone (marker `slow`): it sets up
 its own venv, runs `dart-ray train` on the embedded default, finishes on its own, leaves the
-report, the curve and the TensorBoard events in the run folder, and prints no known noise.
+report, the curve and the TensorBoard events in the run folder, and prints nothing but its
+set-up lines, the dashboard address, progress bars and the report (no known noise, and no
+unexpected line either).
 
 The default's 8 minutes of RL are cut to 1 here (the learning it shows is the `learning`
 tier's test_default_run_lifts_heldout_success_by_10_points); everything else is the
@@ -51,6 +53,18 @@ def test_make_run_from_a_clean_clone(tmp_path: Path) -> None:
         )
     ]
     assert not noise, "\n".join(noise[:20])
+    # and nothing else: set-up lines, the command, Ray's dashboard address, progress bars
+    # (each redraw ends in a carriage return) and the report table
+    expected = (
+        lambda ln: ln.startswith("== "),  # make install, a line per step
+        lambda ln: ln.startswith(".venv/bin/dart-ray train"),  # make echoes its command
+        lambda ln: "Started a local Ray instance" in ln,  # with the dashboard's address
+        lambda ln: any(bar in ln for bar in ("━", "╸", "╺")) or ln.startswith("versions "),
+        lambda ln: ln[:1] in "┌│├└┏┃┡┗╭╰" or ln.lstrip().startswith("run "),  # the report
+    )
+    lines = [ln for chunk in out.splitlines() for ln in chunk.split("\r") if ln.strip()]
+    unexpected = [ln for ln in lines if not any(ok(ln) for ok in expected)]
+    assert not unexpected, f"{len(unexpected)} unexpected lines:\n" + "\n".join(unexpected[:20])
     assert "held-out success before -> after" in out, out[-4000:]
     reports = list((clone / "runs").glob("*/report.json"))
     assert len(reports) == 1, out[-2000:]
