@@ -168,6 +168,7 @@ def cmd_report(args: argparse.Namespace, out: Console) -> int:
         RunReport,
         band_width,
         draw_curve,
+        draw_system_figure,
         eval_point,
         heldout_line,
         heldout_points,
@@ -183,6 +184,7 @@ def cmd_report(args: argparse.Namespace, out: Console) -> int:
             print(f"dart-ray report: no record of run {args.run!r} in {where}", file=sys.stderr)
             return 2
         sampled = store.log.success_by_version(args.run)
+        episodes = store.log.episode_intervals(args.run)
     finally:
         store.dispose()
     run_dir = cfg.run.root_dir / args.run
@@ -196,7 +198,10 @@ def cmd_report(args: argparse.Namespace, out: Console) -> int:
         report.versions = max(sampled, default=0)
     report.sampled = [[v, k, n] for v, (k, n) in sorted(sampled.items())]
     evals = [eval_point(json.loads(Path(f).read_text())) for f in args.eval]
-    figure = draw_curve(report, Path(args.out) if args.out else run_dir / "curve.png", evals=evals)
+    curve = Path(args.out) if args.out else run_dir / "curve.png"
+    figure = draw_curve(report, curve, evals=evals)
+    system = draw_system_figure(report, episodes, curve.with_name(f"{curve.stem}-system.png")
+                                if args.out else run_dir / "system.png")  # fmt: skip
     t = Table("versions", "episodes", "sampled success", title=f"run {args.run}: rollouts")
     w = band_width(report)
     for p in sampled_points(report):
@@ -207,7 +212,7 @@ def cmd_report(args: argparse.Namespace, out: Console) -> int:
     for p in heldout_points(report, evals):
         lo, hi = wilson(p.successes, p.n)
         out.print(f"  held out at v{p.version:g}: {p.rate:.1%} ({lo:.1%}-{hi:.1%}, {p.n} tasks)")
-    out.print(f"figure: {figure}")
+    out.print(f"figures: {figure}, {system}")
     return 0
 
 

@@ -10,7 +10,15 @@ they show.
   of each train step (groups without signal are dropped before training, so this line sits
   above the sampled success).
 
-`dart-ray report RUN` redraws it from the log and the run's `report.json`.
+`system.png` has three panels:
+
+- **utilisation over time** of the environments (the fraction of sessions inside an
+  episode, from the log's episode start and end times) and of the trainer (the fraction of
+  time in a train step or a weight sync), per time bin;
+- **staleness**: claimed rows by how many versions behind the policy they were;
+- **weight-sync latency** of each published version.
+
+`dart-ray report RUN` redraws both from the log and the run's `report.json`.
 """
 
 from __future__ import annotations
@@ -121,3 +129,76 @@ def _rates(ax: object, points: Sequence[Point], label: str, colour: str, style: 
     high = [max(0.0, hi - y) for y, (_, hi) in zip(ys, ci, strict=True)]
     err = [low, high]
     ax.errorbar(xs, ys, yerr=err, fmt=style, color=colour, capsize=3, label=label)  # type: ignore[attr-defined]
+
+
+def utilisation(
+    intervals: Sequence[tuple[float, float]], capacity: int, t0: float, t1: float, bins: int
+) -> list[tuple[float, float]]:
+    """(bin middle, busy fraction) for `bins` equal bins of [t0, t1]: the busy time of the
+    intervals inside each bin over `capacity` x the bin's length (capacity: how many
+    intervals can run at once, e.g. the number of sessions)."""
+    if bins < 1 or t1 <= t0 or capacity < 1:
+        return []
+    width = (t1 - t0) / bins
+    busy = [0.0] * bins
+    for a, b in intervals:
+        a, b = max(a, t0), min(b, t1)
+        if b <= a:
+            continue
+        first, last = int((a - t0) // width), min(bins - 1, int((b - t0) // width))
+        for i in range(first, last + 1):
+            lo, hi = t0 + i * width, t0 + (i + 1) * width
+            busy[i] += max(0.0, min(b, hi) - max(a, lo))
+    return [(t0 + (i + 0.5) * width, busy[i] / (capacity * width)) for i in range(bins)]
+
+
+def draw_system(
+    out: Path,
+    title: str,
+    env: Sequence[tuple[float, float]],
+    trainer: Sequence[tuple[float, float]],
+    staleness: dict[int, int],
+    sync_latency: Sequence[tuple[float, float]],
+) -> Path:
+    """Write the three-panel figure; `env` and `trainer` are (minute, busy fraction)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (util, stale, sync) = plt.subplots(3, 1, figsize=(7.5, 8.0))
+    fig.suptitle(title)
+    for series, label, colour in ((env, "environments", "tab:green"), (trainer, "trainer", "tab:purple")):  # fmt: skip
+        if series:
+            xs, ys = zip(*series, strict=True)
+            util.step(xs, ys, where="mid", color=colour, label=label)
+    util.set_ylim(-0.02, 1.02)
+    util.set_xlabel("minutes since the first episode")
+    util.set_ylabel("busy fraction")
+    util.set_title("utilisation over time", fontsize=9)
+    if staleness:
+        lags = sorted(staleness)
+        stale.bar(lags, [staleness[k] for k in lags], color="tab:orange")
+        stale.set_xticks(lags)
+    stale.set_xlabel("versions behind the policy when claimed")
+    stale.set_ylabel("rows")
+    stale.set_title("staleness of the rows the curator claimed", fontsize=9)
+    if sync_latency:
+        xs, ys = zip(*sync_latency, strict=True)
+        sync.plot(xs, ys, "o-", ms=3, color="tab:blue")
+        sync.set_ylim(bottom=0)
+    sync.set_xlabel("weight version")
+    sync.set_ylabel("seconds")
+    sync.set_title("weight-sync latency (publish until every replica serves it)", fontsize=9)
+    for ax in (util, stale, sync):
+        ax.grid(alpha=0.3)
+        if not ax.has_data():
+            ax.text(0.5, 0.5, "nothing recorded", ha="center", va="center",
+                    transform=ax.transAxes, fontsize=9, color="gray")  # fmt: skip
+    if util.has_data():
+        util.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

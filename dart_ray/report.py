@@ -2,9 +2,10 @@
 
 Written to the run folder: `report.json`, `curve.png` (`dart_ray.plots`: held-out success
 per evaluated version with 95% intervals; sampled success per band of versions from the
-durable log, and the mean reward of the trained groups per step), and `tb/` (TensorBoard
+durable log, and the mean reward of the trained groups per step), `system.png`
+(utilisation over time, staleness, weight-sync latency), and `tb/` (TensorBoard
 event files of every trainer step, held-out success, sampled success per version).
-`dart-ray report RUN` redraws the figure and prints the table from the log.
+`dart-ray report RUN` redraws the figures and prints the table from the log.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +22,14 @@ from rich.console import Console
 from rich.table import Table
 
 from dart_ray.evaluate import EvalResult
-from dart_ray.plots import Point, bands, delta_interval, draw_learning_curve
+from dart_ray.plots import (
+    Point,
+    bands,
+    delta_interval,
+    draw_learning_curve,
+    draw_system,
+    utilisation,
+)
 
 if TYPE_CHECKING:
     from dart_ray.runtime import Parts
@@ -58,6 +67,14 @@ class RunReport:
     """Per published version, the means over its train steps of the trust-region and
     off-policy metrics (`OFF_POLICY_KEYS`)."""
     run_dir: str = ""
+    sessions: int = 0
+    """Environment sessions of the run (the capacity of the environment utilisation)."""
+    staleness: dict[str, int] = field(default_factory=dict)
+    """Rows the curator claimed, by how many versions behind the policy they were."""
+    trainer_busy: list[list[float]] = field(default_factory=list)
+    """[start, end] (unix seconds) of each train step with its weight sync."""
+    sync_latency: list[list[float]] = field(default_factory=list)
+    """[version, seconds] of each weight publication."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -177,20 +194,35 @@ def build_report(
         start_version=parts.start.version,
         off_policy=off_policy_by_version(history),
         run_dir=str(parts.run_dir),
+        sessions=parts.config.env.num_sessions,
+        staleness={str(k): int(n) for k, n in sorted(cur["staleness"].items())},
+        trainer_busy=[
+            [h["t_end"] - h.get("step_s", 0.0) - h.get("sync_s", 0.0), h["t_end"]]
+            for h in history
+            if "t_end" in h
+        ],
+        sync_latency=[[h["version"], h["sync_s"]] for h in history if "sync_s" in h],
     )
-    write(report, history, parts.run_dir)
+    write(report, history, parts.run_dir, parts.store.log.episode_intervals(parts.run_id))
     return report
 
 
-def write(report: RunReport, history: list[dict[str, float]], run_dir: Path) -> None:
+def write(
+    report: RunReport,
+    history: list[dict[str, float]],
+    run_dir: Path,
+    episodes: Sequence[tuple[datetime, datetime]] = (),
+) -> None:
     (run_dir / "report.json").write_text(json.dumps(report.to_json(), indent=2) + "\n")
     draw_curve(report, run_dir / "curve.png", [float(h.get("version", 0)) for h in history])
+    draw_system_figure(report, episodes, run_dir / "system.png")
     from tensorboardX import SummaryWriter
 
     with SummaryWriter(str(run_dir / "tb")) as tb:
         for i, h in enumerate(history):
             for k, v in h.items():
-                tb.add_scalar(f"train/{k}", float(v), i + 1)
+                if k != "t_end":  # a wall-clock time, not a metric
+                    tb.add_scalar(f"train/{k}", float(v), i + 1)
         for p in heldout_points(report):
             tb.add_scalar("heldout/success", p.rate, int(p.version))
         for v, k, n in report.sampled:
@@ -258,6 +290,45 @@ def draw_curve(
     )
 
 
+def draw_system_figure(
+    report: RunReport, episodes: Sequence[tuple[datetime, datetime]], out: Path, bins: int = 30
+) -> Path:
+    """`system.png` (`dart_ray.plots.draw_system`): utilisation over time from the log's
+    episode times (the database's clock, taken as UTC) and the trainer's step times, the
+    staleness histogram and the weight-sync latencies of the report."""
+    env = [(_unix(a), _unix(b)) for a, b in episodes]
+    spans = env + [(a, b) for a, b in report.trainer_busy]
+    t0 = min((a for a, _ in spans), default=0.0)
+    t1 = max((b for _, b in spans), default=0.0)
+
+    def minutes(series: list[tuple[float, float]]) -> list[tuple[float, float]]:
+        return [((t - t0) / 60, u) for t, u in series]
+
+    trainer = [(a, b) for a, b in report.trainer_busy]
+    return draw_system(
+        out,
+        f"run {report.run_id} ({report.mode})",
+        minutes(utilisation(env, max(report.sessions, _peak(env)), t0, t1, bins)) if env else [],
+        minutes(utilisation(trainer, 1, t0, t1, bins)) if trainer else [],
+        {int(k): n for k, n in report.staleness.items()},
+        [(v, sec) for v, sec in report.sync_latency],
+    )
+
+
+def _peak(intervals: Sequence[tuple[float, float]]) -> int:
+    """Most intervals open at once (a report without its session count: an older run's)."""
+    edges = sorted([(a, 1) for a, _ in intervals] + [(b, -1) for _, b in intervals])
+    peak = open_ = 0
+    for _, d in edges:
+        open_ += d
+        peak = max(peak, open_)
+    return max(peak, 1)
+
+
+def _unix(t: datetime) -> float:
+    return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
+
+
 def heldout_line(report: RunReport) -> str:
     """'35.3% -> 45.0% (+9.7 points, 95% CI +4.1 to +15.3; 300 tasks)'."""
 
@@ -317,5 +388,5 @@ def render(report: RunReport, console: Console) -> None:
         f"KL k3 {mean('mismatch_kl_k3', '.2e')}",
     )
     t.add_row("wall time", f"{report.wall_s:.0f} s")
-    t.add_row("outputs", f"{report.run_dir}/report.json, curve.png, tb/")
+    t.add_row("outputs", f"{report.run_dir}/report.json, curve.png, system.png, tb/")
     console.print(t)

@@ -77,6 +77,7 @@ def test_db_init_and_status(
             ["v2-2", "4", "0.0%"],
         ]
         assert (tmp_path / "run-a" / "curve.png").stat().st_size > 0
+        assert (tmp_path / "run-a" / "system.png").stat().st_size > 0
         assert main(["report", "nope", *overrides]) == 2
     finally:
         if gen is not None:

@@ -51,6 +51,7 @@ def test_a_short_run_accounts_for_everything(mode: str, tmp_path: Path) -> None:
     assert 0 < report.env_utilisation <= 1 and 0 < report.trainer_utilisation <= 1
     run_dir = tmp_path / f"e2e-{mode}"
     assert (run_dir / "report.json").is_file() and (run_dir / "curve.png").is_file()
+    assert (run_dir / "system.png").is_file() and report.trainer_busy and report.sync_latency
     assert any((run_dir / "tb").iterdir())
     # the trainer scored what the engine sampled: on tokens of the weights it held, the gap
     # between the two log-probs is float noise (the sync mode is on-policy at every step)

@@ -71,6 +71,7 @@ def test_make_run_from_a_clean_clone(tmp_path: Path) -> None:
     report = json.loads(reports[0].read_text())
     run_dir = reports[0].parent
     assert (run_dir / "curve.png").stat().st_size > 0
+    assert (run_dir / "system.png").stat().st_size > 0
     assert any((run_dir / "tb").iterdir())
     assert report["versions"] >= 1 and report["train_steps"] >= 1
     assert report["heldout_before"] is not None and report["heldout_after"] is not None

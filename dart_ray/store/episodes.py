@@ -20,6 +20,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
 from dart_ray.records import Status, Task, Trajectory
+from dart_ray.store.clock import utcnow
 from dart_ray.store.db import RetryPolicy, episode_start, rollout_run
 
 if TYPE_CHECKING:
@@ -59,6 +60,10 @@ class EpisodeLedger:
                             trace_id=e.trace_id,
                             rollouter=e.rollouter,
                             version_num=e.version_num,
+                            # to the microsecond, on the clock its row's created_at uses (the
+                            # server default has whole seconds on SQLite: the utilisation
+                            # timeline read every episode half a second longer)
+                            started_at=utcnow(),
                         )
                     )
             except IntegrityError:

@@ -15,7 +15,7 @@ from sqlalchemy.dialects import mysql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from dart_ray.records import Status, Trajectory
-from dart_ray.store.db import RetryPolicy, RowState, rollout_run, task_stats
+from dart_ray.store.db import RetryPolicy, RowState, episode_start, rollout_run, task_stats
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +191,23 @@ class LogStats:
             .group_by(rr.version_num)
         )
         return {int(v): (int(k or 0), int(n)) for v, k, n in self._fetch(q, "success_by_version")}
+
+    def episode_intervals(self, run_id: str) -> list[tuple[datetime, datetime]]:
+        """(started, logged) of every finished episode attempt of the run, on the database's
+        clock: when its session was busy (the environment utilisation over time)."""
+        es, rr = episode_start.c, rollout_run.c
+        q = (
+            sa.select(es.started_at, rr.created_at)
+            .select_from(
+                episode_start.join(
+                    rollout_run,
+                    sa.and_(rr.run_id == es.run_id, rr.trajectory_id == es.trajectory_id),
+                )
+            )
+            .where(es.run_id == run_id)
+            .order_by(es.started_at)
+        )
+        return [(a, b) for a, b in self._fetch(q, "episode_intervals")]
 
     def drops(self, run_id: str) -> dict[str, int]:
         """DROPPED rows of one run by reason (stale, no_signal, group_incomplete, ...)."""

@@ -332,6 +332,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             save = nxt % c.train.save_every == 0 or nxt >= c.run.max_versions
             metrics["sync_s"] = sync(bump=True, save=save)
         metrics["version"] = version
+        metrics["t_end"] = time.time()  # the step and its sync ended (system.png's timeline)
         if rank == 0:
             control.record.remote(metrics)
         ray.train.report(metrics)

@@ -416,3 +416,23 @@ def test_runs_are_isolated(log: DurableLog) -> None:
     fill(log, 3, run_id="run-b")
     assert len(log.claim("run-b", 10, consumer="c", lease_s=60)) == 3
     assert len(log.claim("run-a", 10, consumer="c", lease_s=60)) == 3
+
+
+def test_episode_intervals_pair_each_start_with_its_logged_row(
+    log: DurableLog, engine: Engine
+) -> None:
+    """The environment-utilisation timeline: an episode is busy from its start (written
+    before its reset) until its row is logged; one still running has no interval yet."""
+    from dart_ray.store.episodes import EpisodeLedger, EpisodeStart
+
+    ledger = EpisodeLedger(engine)
+    for tid in ("t0", "t1", "running"):
+        ledger.start(EpisodeStart("run-a", tid, "task", "", 0, tid, "rollouter-0", 0))
+    time.sleep(0.05)
+    for tid in ("t0", "t1"):
+        log.append(make_trajectory(tid, run_id="run-a"), f"/b/{tid}")
+    got = log.episode_intervals("run-a")
+    # to the microsecond: SQLite's default timestamp had whole seconds, which made every
+    # episode up to a second longer on the timeline
+    assert len(got) == 2 and all(0 < (b - a).total_seconds() < 0.5 for a, b in got), got
+    assert log.episode_intervals("run-b") == []
