@@ -27,7 +27,7 @@ VLLM_VENV ?= .venv-vllm
 TEST_VLLM ?= 1
 VLLM_PYTEST_ARGS ?= -m vllm tests/engines tests/serve_apps
 
-.PHONY: run test test-learning test-fault-schedule test-vllm vllm-venv lint install clean
+.PHONY: run test test-learning test-fault-schedule test-vllm vllm-venv gpu-check lint install clean
 
 install: $(STAMP)
 
@@ -56,6 +56,9 @@ test: $(STAMP) lint
 
 test-learning: $(STAMP)
 	$(VENV)/bin/pytest -m learning -s tests/test_learning.py
+
+gpu-check: $(STAMP)
+	bash scripts/gpu-check.sh
 
 test-fault-schedule: $(STAMP)
 	bash scripts/install-test-deps.sh

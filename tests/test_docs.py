@@ -206,6 +206,9 @@ HOW: dict[str, How] = {
             "test_a_seeded_schedule_of_fifty_faults_loses_and_repeats_nothing"
         ),
     ),
+    r"make gpu-check|scripts/gpu-check\.sh( --dry-run)?( \S+)?": How(
+        "check", _covered("tests/test_gpu_check.py::test_the_dry_run_passes_every_step")
+    ),
     r"make test-learning": How(
         "check", _covered("tests/test_learning.py::test_rl_lifts_heldout_success_by_15_points")
     ),
