@@ -112,6 +112,7 @@ OFF_POLICY_KEYS = (
     "is_masked_frac",
     "logp_diff_abs",
     "mismatch_kl_k3",
+    "no_mass_frac",
     "onpolicy_logp_diff_abs",
     "sample_version_min",
     "sample_version_max",
@@ -119,7 +120,8 @@ OFF_POLICY_KEYS = (
 """Per-version metrics of how far training strays from what was sampled:
 clip fraction (all updates, and the batch's last update), the share of tokens whose
 importance weight was capped or masked, the engine-vs-trainer log-prob gap on the sampled
-tokens (mean |diff| and k3 KL, staleness included), and that gap on tokens sampled by the
+tokens (mean |diff| and k3 KL, staleness included, over the tokens the trainer gives mass;
+`no_mass_frac` the share it gives none), and that gap on tokens sampled by the
 very weights the trainer held (the pure engine-vs-trainer mismatch), and the oldest and
 newest weight version among the samples trained (min and max over the version's steps)."""
 

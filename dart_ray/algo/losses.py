@@ -112,12 +112,23 @@ def mismatch_metrics(
 ) -> dict[str, float]:
     """How far the trainer's log-probs are from the engine's on the sampled tokens: mean
     |difference| and the k3 estimate of KL(behaviour || proximal) (samples come from the
-    behaviour policy, so that is the direction k3 estimates without bias)."""
+    behaviour policy, so that is the direction k3 estimates without bias), over the tokens
+    the proximal policy gives mass; `no_mass_frac` is the share it gives none (a stale token
+    outside its top-k / top-p, at the trainer's log-prob floor: the KL is infinite there, and
+    one such token's ~1e4 would swamp the mean)."""
     d = (logp_old - logp_behaviour).detach()
+    m = mask.to(d.dtype)
+    has_mass = (logp_old > NO_MASS).to(d.dtype) * m
     return {
-        "logp_diff_abs": float(masked_mean(d.abs(), mask)),
-        "mismatch_kl_k3": float(masked_mean(torch.exp(d) - d - 1, mask)),
+        "logp_diff_abs": float(masked_mean(d.abs(), has_mass)),
+        "mismatch_kl_k3": float(masked_mean(torch.exp(d) - d - 1, has_mass)),
+        "no_mass_frac": float(masked_mean(m - has_mass, m)),
     }
+
+
+NO_MASS = -1e3
+"""A log-prob at or below this is the trainer's floor for "no mass" (`train.forward.LOGP_FLOOR`,
+-1e4), far below any real token's."""
 
 
 def kl_k3(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:

@@ -151,7 +151,20 @@ def test_mismatch_metrics() -> None:
     # d = prox - behaviour = [ln 2, -ln 2]: mean |d| = ln 2 = 0.6931;
     # k3 = e^d - d - 1: [2 - ln 2 - 1, 0.5 + ln 2 - 1] -> mean = (1 - ln2 + ln2 - 0.5) / 2 = 0.25
     m = mismatch_metrics(torch.tensor([[LN(2.0), -LN(2.0)]]), torch.zeros(1, 2), torch.ones(1, 2))
-    assert m == pytest.approx({"logp_diff_abs": LN(2.0), "mismatch_kl_k3": 0.25})
+    assert m == pytest.approx(
+        {"logp_diff_abs": LN(2.0), "mismatch_kl_k3": 0.25, "no_mass_frac": 0.0}
+    )
+
+
+def test_mismatch_leaves_out_tokens_the_proximal_policy_gives_no_mass() -> None:
+    # a stale token outside the proximal policy's top-p gets the trainer's floor (-1e4): its
+    # |diff| of ~1e4 made the mean of a whole step read 13-31 nats in a healthy run. It is
+    # counted apart (1 of 3 tokens); the means are over the other two ([ln 2, -ln 2] above)
+    prox = torch.tensor([[LN(2.0), -LN(2.0), -1e4]])
+    m = mismatch_metrics(prox, torch.zeros(1, 3), torch.ones(1, 3))
+    assert m == pytest.approx(
+        {"logp_diff_abs": LN(2.0), "mismatch_kl_k3": 0.25, "no_mass_frac": 1 / 3}
+    )
 
 
 def test_ppo_clipped_tokens_carry_no_gradient_and_weights_scale_the_rest() -> None:
