@@ -26,7 +26,7 @@ tier() {
   NAMES+=("$name") SECS+=($(($(date +%s) - t0))) RCS+=("$rc")
 }
 tier parallel "$VENV/bin/pytest" -n 2 -m "$BASE and not ray and not slow"
-tier serial "$VENV/bin/pytest" -m "$BASE and (ray or slow)"
+tier serial "$VENV/bin/pytest" --durations=20 -m "$BASE and (ray or slow)"
 if [ "${TEST_VLLM:-1}" = 1 ]; then
   tier vllm make --no-print-directory test-vllm
 fi

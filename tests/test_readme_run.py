@@ -24,7 +24,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 def test_make_run_from_a_clean_clone(tmp_path: Path) -> None:
     clone = tmp_path / "dart-ray"
     subprocess.run(["git", "clone", "--quiet", str(REPO), str(clone)], check=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "RAY_"))}
+    # a new user's shell: no venv, no Ray settings, and not inside another make (under
+    # `make test`, MAKELEVEL makes the inner make print "Entering directory" lines)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("VIRTUAL_ENV", "RAY_"))
+        and k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")
+    }
     p = subprocess.run(
         ["make", "run", "ARGS=run.max_minutes=1 run.eval_tasks=10"],
         cwd=clone,
