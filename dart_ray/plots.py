@@ -112,11 +112,7 @@ def draw_learning_curve(
         ax.grid(alpha=0.3)
         if ax.has_data():
             ax.legend(loc="best", fontsize=8)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return _save(fig, out)
 
 
 def _rates(ax: object, points: Sequence[Point], label: str, colour: str, style: str) -> None:
@@ -197,8 +193,15 @@ def draw_system(
                     transform=ax.transAxes, fontsize=9, color="gray")  # fmt: skip
     if util.has_data():
         util.legend(loc="best", fontsize=8)
-    fig.tight_layout()
+    return _save(fig, out)
+
+
+def _save(fig: object, out: Path) -> Path:
+    """Lay the figure out, write it as a PNG (its folder made if needed) and free it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()  # type: ignore[attr-defined]
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    fig.savefig(out, dpi=100)  # type: ignore[attr-defined]
+    plt.close(fig)  # type: ignore[arg-type]
     return out
