@@ -237,7 +237,9 @@ def test_resume_after_sigterm_and_after_sigkill_of_the_driver(world: World) -> N
     proc = world.train(run, f"run.max_versions={last}", resume=True)
     assert proc.wait(timeout=900) == 0, world.log(run)
     versions = world.versions(run)
-    assert versions == sorted(set(versions)) and versions[-1] == last and killed_at < last
+    # the kill can land between publishing a version and writing its files: the resumed
+    # trainer then trains on to a durable version past `last` (should_train)
+    assert versions == sorted(set(versions)) and versions[-1] >= last and killed_at < last
     out = _audit_ok(world, run)
     assert "claimed" not in out.split("rows by state")[1].split("\n")[0]  # nothing left held
 

@@ -42,6 +42,10 @@ class TrainerState:
     """Lineage: the log rows trained since the previous durable checkpoint. A resume from
     this checkpoint settles them as consumed, acknowledged or not (the trainer may have died
     between completing the checkpoint and acknowledging them), so none is trained twice."""
+    durable_version: int | None = None
+    """Only in a resume point: the version of the durable checkpoint it starts from (0 for the
+    base weights) when `version` is above it (versions published after the last durable save
+    were lost with their trainer). None: `version` itself is durable (a checkpoint's file)."""
 
 
 def save_checkpoint(

@@ -278,6 +278,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     pub = Publisher(job, store, curator) if store is not None else None
     step, version = job.start.step, job.start.version
     synced_step, saved_step = step, step
+    durable = version if job.start.durable_version is None else job.start.durable_version
     ray.get(curator.set_version.remote(version))
 
     last_cid = -1
@@ -285,7 +286,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     def sync(*, bump: bool, save: bool) -> float:
         """Every rank: gather (and the optimizer state when saving). Rank 0 publishes a new
         version (`bump`) and/or makes the current one durable (`save`)."""
-        nonlocal version, synced_step, saved_step, last_cid
+        nonlocal version, synced_step, saved_step, last_cid, durable
         if bump:
             version += 1
         state = full_state_dict(model)
@@ -304,11 +305,11 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             pub.make_durable(last_cid, model, state, opt_state, at, completed=not bump)
         synced_step = step
         if save:
-            saved_step = step
+            saved_step, durable = step, version
         ray.get(curator.set_version.remote(version))
         return seconds
 
-    while version < c.run.max_versions:
+    while should_train(version, durable, c.run.max_versions):
         res = _next_shard(
             job, curator, control, step, rank, pub.leases.heartbeat if pub is not None else None
         )
@@ -346,6 +347,16 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         store.dispose()
 
 
+def should_train(version: int, durable: int, max_versions: int) -> bool:
+    """Whether the trainer takes another step: while the run is short of `max_versions`, and
+    while its newest version is not in a durable checkpoint. The second case is a trainer
+    resumed after its predecessor published versions it never made durable (SIGKILL between
+    publishing the last version and writing its files): the published weights are gone, and
+    versions only go up, so it trains on to a new version and saves it, rather than ending a
+    run whose last version exists nowhere."""
+    return version < max_versions or durable < version
+
+
 def settle_lineage(store: Store, run_id: str, path: str) -> int:
     """Before a trainer resumes from the durable checkpoint at `path`: its rows are consumed,
     even if the trainer that wrote it died before acknowledging them (returns how many of
@@ -366,11 +377,13 @@ def resume_point(store: Store, run_id: str) -> tuple[str | None, TrainerState]:
     last durable save is not reused). A run stopped or restarted before its first durable
     checkpoint therefore starts again from step 0 on the base weights and publishes above
     what the replicas already serve, instead of re-publishing version 1 to replicas that are
-    past it."""
+    past it. `durable_version` marks a counter above the durable weights: the trainer then
+    trains on until its newest version is durable (`should_train`)."""
     cps = store.checkpoints.list(run_id)
     top = max((c.version_num for c in cps), default=0)
     for cp in reversed(cps):
         if cp.status == "COMPLETED" and cp.path and Path(cp.path, "trainer_state.json").is_file():
             state = read_trainer_state(Path(cp.path))
-            return cp.path, TrainerState(step=state.step, version=top)
-    return None, TrainerState(step=0, version=top)
+            durable = state.version if state.version < top else None
+            return cp.path, TrainerState(step=state.step, version=top, durable_version=durable)
+    return None, TrainerState(step=0, version=top, durable_version=0 if top else None)

@@ -11,7 +11,7 @@ from sqlalchemy.engine import Engine
 
 from dart_ray.store.checkpoints import CheckpointRegistry
 from dart_ray.train.checkpointing import TrainerState
-from dart_ray.train.worker import resume_point
+from dart_ray.train.worker import resume_point, should_train
 
 
 def _published(reg: CheckpointRegistry, version: int, path: str | None = None) -> None:
@@ -30,7 +30,7 @@ def test_before_the_first_durable_checkpoint_versions_still_go_up(engine: Engine
     assert resume_point(SimpleNamespace(checkpoints=reg), "run-a") == (None, TrainerState(0, 0))  # type: ignore[arg-type]
     for v in (1, 2, 3):
         _published(reg, v)
-    assert resume_point(SimpleNamespace(checkpoints=reg), "run-a") == (None, TrainerState(0, 3))  # type: ignore[arg-type]
+    assert resume_point(SimpleNamespace(checkpoints=reg), "run-a") == (None, TrainerState(0, 3, durable_version=0))  # type: ignore[arg-type]
 
 
 def test_from_the_newest_durable_checkpoint(engine: Engine, tmp_path: Path) -> None:
@@ -42,4 +42,16 @@ def test_from_the_newest_durable_checkpoint(engine: Engine, tmp_path: Path) -> N
     _published(reg, 2, str(durable))
     _published(reg, 3)
     path, state = resume_point(SimpleNamespace(checkpoints=reg), "run-a")  # type: ignore[arg-type]
-    assert (path, state) == (str(durable), TrainerState(step=7, version=3))
+    assert (path, state) == (str(durable), TrainerState(step=7, version=3, durable_version=2))
+
+
+def test_a_version_published_and_never_made_durable_is_not_an_end() -> None:
+    """The trainer of a run with max_versions=6 published version 6 and was SIGKILLed while
+    writing its files; the resumed trainer starts from the durable v5 with its counter at 6.
+    Before, it took 6 >= 6 as the end and trained nothing, so the run finished on weights that
+    existed nowhere (seen in tests/test_faults.py: the final run ended in 23 s, no step)."""
+    assert should_train(version=6, durable=5, max_versions=6)  # to v7, saved: the run's end
+    assert not should_train(version=7, durable=7, max_versions=6)
+    assert should_train(version=3, durable=3, max_versions=6)  # an ordinary run
+    assert should_train(version=4, durable=2, max_versions=6)
+    assert not should_train(version=6, durable=6, max_versions=6)

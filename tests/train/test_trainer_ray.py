@@ -108,6 +108,21 @@ def test_fsdp_trainer_publishes_versions_and_resumes(tiny_model_dir: Path, tmp_p
     assert handle.health.remote().result()["version"] == 4
     assert [c.version_num for c in store.checkpoints.list("run-t")] == [1, 2, 3, 4]
     assert store.log.buffer("run-t") == {(0, RowState.CONSUMED): 16}
+
+    # A trainer that published v5 (max_versions=5) and died writing its files: the resumed
+    # trainer starts from v4's files with its counter at 5, and trains on to a durable v6
+    # (before, it took 5 >= 5 as the end and the run finished on weights that exist nowhere).
+    lost = store.checkpoints.create("run-t", 5, source="train")
+    store.checkpoints.start(lost)
+    log_group(store, policy_trajectories(engine, "run-t", "t4", 0, [1.0, 0.0, 0.0, 1.0]))
+    path, start = resume_point(store, "run-t")
+    assert (Path(path).name, start) == ("v4", TrainerState(step=4, version=5, durable_version=4))
+    cfg3 = load_config(None, [*overrides[1:], f"run.root_dir={tmp_path}", "run.max_versions=5"])
+    job3 = TrainJob(**{**job.__dict__, "config": cfg3, "model_dir": path, "start": start})
+    fit(cfg3, job3, tmp_path, "resumed-again")
+    assert handle.health.remote().result()["version"] == 6
+    newest = store.checkpoints.list("run-t")[-1]
+    assert (newest.version_num, newest.status) == (6, "COMPLETED") and newest.path
     for actor in (curator, control):
         ray.kill(actor)
     from ray import serve
