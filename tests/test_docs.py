@@ -213,7 +213,11 @@ HOW: dict[str, How] = {
         "check", _covered("tests/test_learning.py::test_rl_lifts_heldout_success_by_15_points")
     ),
     r"dart-ray audit my-run( --live)?( --json)?": How(
-        "check", _covered("tests/test_faults.py::test_killing_each_part_in_turn_loses_nothing")
+        "check",
+        _covered(
+            "tests/test_faults.py::"
+            "test_killing_each_part_in_turn_loses_nothing_and_resume_continues"
+        ),
     ),
     r"ray job submit .* -- dart-ray train .*": How("check", _entrypoint),
     r"ray (up|down|dashboard) cluster/\w+\.yaml": How("check", _validate_cluster_yaml),
