@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from ray import ObjectRef, serve
@@ -237,6 +238,7 @@ class PolicyServer:
             "engine": self.engine.name,
             "version": self.engine.version,
             "last_update_s": self.engine.last_update_s,
+            "torch_threads": torch.get_num_threads(),
         }
 
     # ------------------------------------------------------------------ HTTP
@@ -310,8 +312,11 @@ def build_app(
     `initial_version` is the version of the weights in the folder (a resumed checkpoint's).
     """
     model_path = check_model_dir(model_path)
+    actor_options: dict[str, Any] = {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus}
+    if cfg.torch_threads:  # read by torch when the replica imports it
+        actor_options["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": str(cfg.torch_threads)}}
     options: dict[str, Any] = {
-        "ray_actor_options": {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus},
+        "ray_actor_options": actor_options,
         "max_ongoing_requests": max(cfg.max_ongoing_requests, cfg.max_batch_size),
         "deployment_actors": [
             DeploymentActorConfig(

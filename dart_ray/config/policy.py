@@ -62,6 +62,11 @@ class PolicyConfig(Section):
     """CPUs each policy replica reserves (fractional is fine)."""
     num_gpus: float = Field(default=0.0, ge=0)
     """GPUs each policy replica reserves."""
+    torch_threads: int = Field(default=0, ge=0)
+    """Threads each replica's engine computes with on the CPU (its OMP_NUM_THREADS). 0: Ray's
+    choice, the replica's num_cpus rounded down and at least 1. More than num_cpus lets a
+    replica that is the run's bottleneck use cores the others leave idle (the default run's
+    trainer is idle most of the time)."""
     autoscaling: bool = False
     """Let Ray Serve scale replicas between min_replicas and max_replicas with the load."""
     min_replicas: int = Field(default=1, ge=0)

@@ -36,3 +36,9 @@ def test_fixed_replicas_without_autoscaling() -> None:
     assert d.num_replicas == 3
     # a replica accepts at least a full batch, or batching could never fill
     assert d.max_ongoing_requests == 96
+
+
+def test_torch_threads_reach_the_replica_environment() -> None:
+    assert "runtime_env" not in _deployment().ray_actor_options  # Ray's choice by default
+    d = _deployment("policy.num_cpus=0.5", "policy.torch_threads=2")
+    assert d.ray_actor_options["runtime_env"] == {"env_vars": {"OMP_NUM_THREADS": "2"}}

@@ -52,6 +52,7 @@ def cfg(token_file: Path) -> PolicyConfig:
     return PolicyConfig(
         replicas=2,
         num_cpus=0.5,
+        torch_threads=2,  # more than Ray's 1 for half a CPU
         temperature=0.0,
         max_new_tokens=12,
         max_batch_size=8,
@@ -97,6 +98,7 @@ def test_generate_through_the_handle(handle: DeploymentHandle, reference: HFEngi
         assert g.response_ids == want.response_ids and g.prompt_ids == want.prompt_ids
         assert g.weight_version == 0
     assert max(g.batch_size for g in gens) > 1  # concurrent requests shared a forward pass
+    assert {h["torch_threads"] for h in handle.broadcast("health").results()} == {2}
     with pytest.raises(BadRequest, match="takes a GenerateRequest"):
         handle.generate.remote({"messages": []}).result()
     # a malformed request fails alone, not the batch it joined
