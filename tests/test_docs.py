@@ -165,6 +165,15 @@ def _covered(ref: str) -> Callable[[str], None]:
     return lambda cmd: _tested(ref)
 
 
+def _train_parses(cmd: str) -> None:
+    """A `dart-ray train` of the embedded default with overrides: the parser accepts it and
+    the config with its overrides validates (the runs themselves take minutes)."""
+    args = build_parser().parse_args(shlex.split(cmd)[1:])
+    load_config(
+        REPO / args.config if args.config else REPO / "configs" / "default.toml", args.overrides
+    )
+
+
 @dataclass(frozen=True)
 class How:
     kind: str  # "run" | "flags" | "check"
@@ -220,6 +229,7 @@ HOW: dict[str, How] = {
         ),
     ),
     r"ray job submit .* -- dart-ray train .*": How("check", _entrypoint),
+    r"dart-ray train( --resume \w+)?( [\w.]+=\S+)+": How("check", _train_parses),
     r"ray (up|down|dashboard) cluster/\w+\.yaml": How("check", _validate_cluster_yaml),
     r"docker build -f cluster/Dockerfile .*": How("check", _dockerfile),
     r"kubectl apply -f cluster/kuberay/\w+\.yaml": How("check", _manifest),

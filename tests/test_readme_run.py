@@ -4,7 +4,7 @@ report, the curve and the TensorBoard events in the run folder, and prints nothi
 set-up lines, the dashboard address, progress bars and the report (no known noise, and no
 unexpected line either).
 
-The default's 8 minutes of RL are cut to 1 here (the learning it shows is the `learning`
+The default's 8 minutes of RL are cut to 2 versions (at most a minute) here (the learning it shows is the `learning`
 tier's test_default_run_lifts_heldout_success_by_10_points); everything else is the
 README's command as a new user runs it."""
 
@@ -33,7 +33,7 @@ def test_make_run_from_a_clean_clone(tmp_path: Path) -> None:
         and k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")
     }
     p = subprocess.run(
-        ["make", "run", "ARGS=run.max_minutes=1 run.eval_tasks=10"],
+        ["make", "run", "ARGS=run.max_minutes=1 run.max_versions=2 run.eval_tasks=10"],
         cwd=clone,
         env=env,
         capture_output=True,
