@@ -352,3 +352,34 @@ def test_a_dead_window_manager_is_restarted_before_an_app_is_launched(
     psutil.wait_procs(wms, timeout=10)
     r = c.request("POST", "/setup/launch", json={"command": ["xterm"], "timeout": 10})
     assert r.json()["status"] == "success"
+
+
+def test_the_desktop_goes_when_the_process_that_started_it_is_killed() -> None:
+    """A SIGKILLed EnvSession cannot stop its desktop server: the server notices it was
+    re-parented and takes its X server and window manager down with it. Before, CI's fault
+    tests left a pair of Xvfb and openbox running for each killed desktop session."""
+    import subprocess
+    import sys
+
+    starter = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\n"
+            "from dart_ray.envs.desktop.spawn import spawn_server\n"
+            "proc, url = spawn_server(320, 240, 'openbox', 'tok')\n"
+            "print(proc.pid, flush=True)\n"
+            "time.sleep(600)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert starter.stdout is not None
+    server = psutil.Process(int(starter.stdout.readline()))
+    desktop = [server, *server.children(recursive=True)]
+    assert any(p.name() == "Xvfb" for p in desktop), [p.name() for p in desktop]
+    starter.kill()  # SIGKILL: no handler runs
+    starter.wait()
+    gone, alive = psutil.wait_procs(desktop, timeout=20)
+    assert not alive, [p.name() for p in alive]
+    assert len(gone) == len(desktop)

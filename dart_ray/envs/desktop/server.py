@@ -24,8 +24,10 @@ from __future__ import annotations
 import argparse
 import hmac
 import json
+import os
 import signal
 import threading
+import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -124,6 +126,14 @@ def make_handler(desk: Desktop, token: str | None) -> type[BaseHTTPRequestHandle
     return Handler
 
 
+def _exit_with(parent: int, server: ThreadingHTTPServer, every_s: float = 0.5) -> None:
+    """Shut the server down once `parent` is gone (we are re-parented): SIGKILL gives the
+    parent no chance to stop us, and the X server and apps would outlive it."""
+    while os.getppid() == parent:
+        time.sleep(every_s)
+    server.shutdown()
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="OSWorld-protocol server on a local Xvfb desktop")
     ap.add_argument("--host", default="127.0.0.1")
@@ -135,7 +145,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--root", type=Path, help="scratch folder (default: a new temporary one)")
     ap.add_argument("--token-env", help="environment variable holding the bearer token")
     ap.add_argument("--token-file", type=Path, help="file whose first line is the bearer token")
+    ap.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="shut down (X server and apps too) when the process that started us dies",
+    )
     a = ap.parse_args(argv)
+    parent = os.getppid()
     from dart_ray.config import read_secret
 
     token = read_secret(a.token_env, a.token_file)
@@ -157,6 +173,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     # SIGTERM (how LocalDesktopEnv stops us) must still tear the X server and apps down
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
+    if a.exit_with_parent:  # a SIGKILLed EnvSession left its Xvfb and openbox running
+        threading.Thread(target=_exit_with, args=(parent, server), daemon=True).start()
     try:
         server.serve_forever()
     except KeyboardInterrupt:

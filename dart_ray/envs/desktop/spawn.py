@@ -40,6 +40,7 @@ def spawn_server(
         "--token-env",
         "DART_DESKTOP_TOKEN",
         *(["--root", str(root)] if root is not None else []),
+        "--exit-with-parent",  # its X server and apps go when the session's process dies
     ]
     proc = subprocess.Popen(
         cmd,
