@@ -356,8 +356,8 @@ def test_a_dead_window_manager_is_restarted_before_an_app_is_launched(
 
 def test_the_desktop_goes_when_the_process_that_started_it_is_killed() -> None:
     """A SIGKILLed EnvSession cannot stop its desktop server: the server notices it was
-    re-parented and takes its X server and window manager down with it. Before, CI's fault
-    tests left a pair of Xvfb and openbox running for each killed desktop session."""
+    re-parented and takes its X server and window manager down with it. (A server that is
+    itself SIGKILLed still leaves them behind: the next step, in the closing note of 20.)"""
     import subprocess
     import sys
 
