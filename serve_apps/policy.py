@@ -3,9 +3,10 @@
 One replica holds one engine (`policy.engine`: transformers or vLLM). Requests arrive through
 a Serve handle (`generate(GenerateRequest) -> Generation`) from the rollouter, or over HTTP on
 an OpenAI-compatible `/v1/chat/completions` route (images as data URLs) so that evaluation
-tools can call the policy too. The transformers engine batches concurrent requests with
-`serve.batch` (up to `policy.max_batch_size`, waiting `policy.batch_wait_ms` for company);
-vLLM batches by itself.
+tools can call the policy too. For the transformers engine, concurrent requests are batched
+by a `Batcher` (dart_ray.engines.batching: the next batch forms when the engine is free, from
+everything that queued meanwhile, up to `policy.max_batch_size`; a request waits at most
+`policy.batch_wait_ms` for company); vLLM batches by itself.
 
 Weights: `update_weights(version, [ObjectRef])`, sent to any one replica, records the publish
 in a deployment-scoped `WeightRegistry` (so replicas that start later load it first) and
@@ -30,6 +31,7 @@ import logging
 import math
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,7 @@ from ray.serve.handle import DeploymentHandle
 from dart_ray.config import ConfigError, PolicyConfig, read_secret
 from dart_ray.engines import make_engine
 from dart_ray.engines.base import GenerateRequest, Generation, PreparedRequest, SamplingParams
+from dart_ray.engines.batching import Batcher
 from dart_ray.models.loading import check_model_dir
 from dart_ray.prompts import BadRequest, from_openai
 from dart_ray.weights import PackedWeights
@@ -146,8 +149,10 @@ class PolicyServer:
         self.defaults = SamplingParams(
             self.cfg.temperature, self.cfg.top_p, self.cfg.max_new_tokens, top_k=self.cfg.top_k
         )
-        self._batched.set_max_batch_size(self.cfg.max_batch_size)
-        self._batched.set_batch_wait_timeout_s(self.cfg.batch_wait_ms / 1000)
+        self._prepare_pool = ThreadPoolExecutor(1, thread_name_prefix="prepare")
+        self._batcher: Batcher[PreparedRequest, Generation] = Batcher(
+            self.engine.generate, self.cfg.max_batch_size, self.cfg.batch_wait_ms / 1000
+        )
         self._token = read_token(self.cfg)
         ctx = serve.get_replica_context()
         self.replica = ctx.replica_id.unique_id
@@ -170,36 +175,22 @@ class PolicyServer:
 
     # ------------------------------------------------------------------ generation
 
-    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
-    async def _batched(self, requests: list[GenerateRequest]) -> list[Generation | BadRequest]:
-        # Preprocessing happens here, for the whole batch, rather than per request before it:
-        # done per request it staggers arrivals (tens of ms per screenshot), and the batcher
-        # would close small batches while the rest were still being preprocessed.
-        prepared = await asyncio.to_thread(self._prepare_many, requests)
-        ok = [p for p in prepared if not isinstance(p, BadRequest)]
-        gens = iter(await self.engine.generate(ok) if ok else [])
-        return [p if isinstance(p, BadRequest) else next(gens) for p in prepared]
-
-    def _prepare_many(self, requests: list[GenerateRequest]) -> list[PreparedRequest | BadRequest]:
-        out: list[PreparedRequest | BadRequest] = []
-        for r in requests:
-            try:
-                out.append(self.engine.prepare(r, self.defaults))
-            except BadRequest as e:  # fails this request alone, not its batch
-                out.append(e)
-        return out
-
     async def generate(self, request: GenerateRequest) -> Generation:
-        """One response for one request; raises BadRequest for a malformed request."""
+        """One response for one request; raises BadRequest for a malformed request.
+
+        The request is prepared (checked, its screenshots decoded and encoded) on arrival, in
+        the replica's one preparation thread, so that preparing the next batch overlaps the
+        engine's work on the current one; it joins the batcher's queue at once, and a batch
+        waits for the preparation of the members it took. A malformed request fails alone.
+        """
         if not isinstance(request, GenerateRequest):
             raise BadRequest(f"generate takes a GenerateRequest, not {type(request).__name__}")
+        prepared = asyncio.get_running_loop().run_in_executor(
+            self._prepare_pool, self.engine.prepare, request, self.defaults
+        )
         if self.engine.name == "hf":
-            result = await self._batched(request)
-            if isinstance(result, BadRequest):
-                raise result
-            return result
-        prepared = await asyncio.to_thread(self.engine.prepare, request, self.defaults)
-        return (await self.engine.generate([prepared]))[0]
+            return await self._batcher.submit(prepared)
+        return (await self.engine.generate([await prepared]))[0]
 
     # ------------------------------------------------------------------ weights
 

@@ -47,7 +47,8 @@ class PolicyConfig(Section):
     max_batch_size: int = Field(default=32, ge=1)
     """Largest batch the transformers engine forms from concurrent requests."""
     batch_wait_ms: float = Field(default=5.0, ge=0)
-    """How long a request waits for others to join its batch."""
+    """How long a request waits for others to join its batch, from its arrival or, if it
+    queued behind a running batch, from the moment the engine freed up."""
     http_host: str = "127.0.0.1"
     """Address the OpenAI-compatible HTTP route binds to; any but a loopback address needs
     auth_token_file or auth_token_env."""
