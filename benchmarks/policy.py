@@ -5,7 +5,7 @@
 
 1. Actions/s at 1, 8 and 32 concurrent clients through a real Serve handle, one replica on one
    CPU, the tiny model on a 320x240 screenshot with UI-TARS's pixel budget (108 image tokens),
-   64 sampled tokens per action (policy.max_new_tokens); batched (`serve.batch`, up to 32) against unbatched
+   64 sampled tokens per action (policy.max_new_tokens); batched (the server's `Batcher`, up to 32) against unbatched
    (max_batch_size 1: concurrent requests still overlap, each with its own forward passes).
 2. Weight update latency against model size (~10M, ~100M, ~500M parameters, fp32) for
    - the object-store path: `ray.put(pack(state_dict))` + `update_weights` through Serve to a
@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -47,14 +48,41 @@ from dart_ray.engines.base import GenerateRequest, SamplingParams  # noqa: E402
 from dart_ray.models.loading import load_model  # noqa: E402
 from dart_ray.models.tiny import TinySpec, save_tiny_model  # noqa: E402
 from dart_ray.prompts import Turn, build_messages  # noqa: E402
-from dart_ray.weights import load_into, pack, unpack  # noqa: E402
+from dart_ray.weights import load_into, pack, unpack, warm_object_store  # noqa: E402
 from serve_apps.policy import build_app  # noqa: E402
 
 SIZES = {
     "10M": TinySpec(hidden_size=320, intermediate_size=1024, num_layers=8, num_heads=10, num_kv_heads=10),
     "100M": TinySpec(hidden_size=768, intermediate_size=3072, num_layers=12, num_heads=12, num_kv_heads=12),
     "500M": TinySpec(hidden_size=1280, intermediate_size=4096, num_layers=24, num_heads=20, num_kv_heads=20),
+    "1B": TinySpec(hidden_size=2048, intermediate_size=5632, num_layers=22, num_heads=16, num_kv_heads=4),
 }  # fmt: skip
+
+
+SIZE_GB = {"10M": 0.05, "100M": 0.45, "500M": 2.1, "1B": 2.1}
+"""Weights of each size as published (1B in bf16: fp32 would not fit this machine three
+times over), for sizing the object store."""
+BF16 = {"1B"}
+
+
+def start_ray(store_bytes: int, attempts: int = 3) -> None:
+    """A local Ray with a preallocated store of `store_bytes`, retried.
+
+    Measured here: a raylet that preallocates a store of several GB just after another run
+    released one can give up connecting to its own store (`buffer_pool_store_client_->Connect
+    ... No such file or directory`) and the start times out after two minutes; a second
+    start succeeds."""
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                     object_store_memory=store_bytes)  # fmt: skip
+            return
+        except Exception as e:
+            ray.shutdown()
+            if attempt == attempts:
+                raise
+            print(f"ray did not start ({str(e)[:80]}); retrying in 10 s", file=sys.stderr)
+            time.sleep(10)
 
 
 def _screenshot() -> bytes:
@@ -74,23 +102,27 @@ def _screenshot() -> bytes:
 # --------------------------------------------------------------------------- throughput
 
 
-async def _clients(handle: Any, n: int, seconds: float, req: GenerateRequest) -> tuple[int, float]:
-    done = 0
+async def _clients(
+    handle: Any, n: int, seconds: float, req: GenerateRequest
+) -> tuple[int, float, float]:
+    """(actions, seconds, mean batch size the engine ran them in)."""
+    sizes: list[int] = []
     end = time.perf_counter() + seconds
 
     async def client() -> None:
-        nonlocal done
         while time.perf_counter() < end:
-            await handle.generate.remote(req)
-            done += 1
+            sizes.append((await handle.generate.remote(req)).batch_size)
 
     t0 = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(n)))
-    return done, time.perf_counter() - t0
+    return len(sizes), time.perf_counter() - t0, sum(sizes) / max(len(sizes), 1)
 
 
-def bench_engine(model_dir: Path, batches: list[int], tokens: int) -> list[dict[str, Any]]:
-    """The engine alone, in this process on one thread: what batching buys without Serve."""
+def bench_engine(
+    model_dir: Path, batches: list[int], tokens: int, repeats: int = 3
+) -> list[dict[str, Any]]:
+    """The engine alone, in this process on one thread: what batching buys without Serve
+    (median of `repeats` after a warm-up)."""
     from dart_ray.engines.hf import HFEngine
 
     torch.set_num_threads(1)
@@ -101,10 +133,14 @@ def bench_engine(model_dir: Path, batches: list[int], tokens: int) -> list[dict[
     for n in batches:
         encoded = [engine.prepare(req, sp).encoded for _ in range(n)]  # distinct preprocessing
         engine.generate_sync(encoded, [sp] * n, 0)  # type: ignore[arg-type]
-        t = time.perf_counter()
-        engine.generate_sync(encoded, [sp] * n, 0)  # type: ignore[arg-type]
-        wall = time.perf_counter() - t
-        rows.append({"batch": n, "seconds": wall, "actions_per_s": n / wall})
+        walls = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            engine.generate_sync(encoded, [sp] * n, 0)  # type: ignore[arg-type]
+            walls.append(time.perf_counter() - t)
+        wall = _median(walls)
+        rows.append({"batch": n, "seconds": wall, "actions_per_s": n / wall,
+                     "min_s": min(walls), "max_s": max(walls)})  # fmt: skip
     return rows
 
 
@@ -119,9 +155,9 @@ def bench_throughput(
         handle = serve.run(build_app(cfg, model_dir), name="bench", route_prefix=None)
         handle.generate.remote(req).result()  # warm up
         for n in clients:
-            done, wall = asyncio.run(_clients(handle, n, seconds, req))
+            done, wall, mean_batch = asyncio.run(_clients(handle, n, seconds, req))
             rows.append({"batched": batched, "clients": n, "actions": done, "seconds": wall,
-                         "actions_per_s": done / wall})  # fmt: skip
+                         "actions_per_s": done / wall, "mean_batch": mean_batch})  # fmt: skip
         serve.delete("bench")
     return rows
 
@@ -133,10 +169,10 @@ def _median(xs: list[float]) -> float:
     return sorted(xs)[len(xs) // 2]
 
 
-def _fresh_engine_seconds(path: Path) -> float:
+def _fresh_engine_seconds(path: Path, dtype: torch.dtype = torch.float32) -> float:
     code = (
-        "import time; t = time.perf_counter(); "
-        f"from dart_ray.engines.hf import HFEngine; HFEngine({str(path)!r}); "
+        "import time; t = time.perf_counter(); import torch; "
+        f"from dart_ray.engines.hf import HFEngine; HFEngine({str(path)!r}, dtype={dtype}); "
         "print(time.perf_counter() - t)"
     )
     t0 = time.perf_counter()
@@ -149,7 +185,8 @@ def bench_weights(name: str, spec: TinySpec, repeats: int, naive: bool) -> dict[
     try:
         model_dir = save_tiny_model(work / "model", spec)
         model = load_model(model_dir)
-        sd = {k: v + 0.01 for k, v in model.state_dict().items()}
+        dtype = torch.bfloat16 if name in BF16 else torch.float32
+        sd = {k: (v + 0.01).to(dtype) for k, v in model.state_dict().items()}
         del model
         nbytes = sum(v.numel() * v.element_size() for v in sd.values())
         params = sum(v.numel() for v in sd.values())
@@ -169,7 +206,8 @@ def bench_weights(name: str, spec: TinySpec, repeats: int, naive: bool) -> dict[
         first: dict[str, list[float]] = {}
         put_s = []
         for mode, times in store.items():
-            cfg = PolicyConfig(num_cpus=1, weights_load=mode)  # type: ignore[arg-type]
+            cfg = PolicyConfig(num_cpus=1, weights_load=mode,  # type: ignore[arg-type]
+                               dtype="bfloat16" if name in BF16 else "float32")  # fmt: skip
             handle = serve.run(build_app(cfg, model_dir), name="bench-w", route_prefix=None)
             for i in range(repeats + 1):  # the first maps the object store into the replica
                 t = time.perf_counter()
@@ -195,7 +233,7 @@ def bench_weights(name: str, spec: TinySpec, repeats: int, naive: bool) -> dict[
 
         ckpt = []
         for _ in range(max(1, repeats - 1)):
-            model = load_model(model_dir)
+            model = load_model(model_dir, dtype=dtype)
             load_into(model, pack(sd))
             out = work / "ckpt"
             t = time.perf_counter()
@@ -206,7 +244,7 @@ def bench_weights(name: str, spec: TinySpec, repeats: int, naive: bool) -> dict[
                 if (model_dir / f).exists():
                     shutil.copy(model_dir / f, out / f)
             del model
-            ckpt.append(saved + _fresh_engine_seconds(out))
+            ckpt.append(saved + _fresh_engine_seconds(out, dtype))
             shutil.rmtree(out)
         row = {
             "size": name,
@@ -241,11 +279,14 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="10M and 100M only, 5 s windows")
     ap.add_argument("--clients", default="1,8,32")
     ap.add_argument("--seconds", type=float, default=20.0)
-    ap.add_argument("--sizes", default=None, help="comma list of 10M,100M,500M")
+    ap.add_argument("--sizes", default=None, help="comma list of 10M,100M,500M,1B (1B in bf16)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-weights", action="store_true", help="throughput only")
     ap.add_argument("--skip-throughput", action="store_true", help="weight updates only")
-    ap.add_argument("--object-store-gb", type=float, default=7.0)
+    ap.add_argument("--object-store-gb", type=float, default=None,
+                    help="default: 3 copies of the largest model, 0.5 without weight updates")  # fmt: skip
+    ap.add_argument("--cold", action="store_true",
+                    help="publish without warming the object store first (train.warm_object_store off)")  # fmt: skip
     ap.add_argument("--tokens", type=int, default=64, help="tokens per action (policy default)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "policy.json"))
     args = ap.parse_args()
@@ -255,13 +296,16 @@ def main() -> None:
 
     # Room for three versions of the largest model: the one served, the one arriving, and one
     # in flight; a smaller store spills to disk and measures the disk instead.
-    # RAY_preallocate_plasma_memory: touch the store's pages once at start, so that a put
-    # copies at memory speed instead of faulting pages in (measured: 2x faster puts).
-    os.environ.setdefault("RAY_preallocate_plasma_memory", "1")
-    store_bytes = int(args.object_store_gb * 2**30)
-    ray.init(
-        num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=store_bytes
-    )
+    # With --cold, RAY_preallocate_plasma_memory: the store touches its pages once at start
+    # (measured: 2x faster puts than without; but a store of several GB can then take so long
+    # to start that its raylet gives up on it, see start_ray). Otherwise the publisher warms
+    # the store itself (warm_object_store), which also maps its pages into this process.
+    if args.cold:
+        os.environ.setdefault("RAY_preallocate_plasma_memory", "1")
+    gb = args.object_store_gb
+    if gb is None:
+        gb = 0.5 if args.skip_weights else 3 * max(SIZE_GB[s] for s in sizes) + 0.5
+    start_ray(int(gb * 2**30))
     serve.start(http_options={"location": "NoServer"})  # no HTTP proxy needed here
     try:
         tmp = Path(tempfile.mkdtemp(prefix="dart-ray-bench-tiny-"))
@@ -270,31 +314,36 @@ def main() -> None:
         tp = bench_throughput(tiny, clients, seconds, args.tokens) if clients else []
         eng = bench_engine(tiny, clients, args.tokens) if clients else []
         shutil.rmtree(tmp, ignore_errors=True)
+        warmed = None
+        if not args.skip_weights and not args.cold:  # as the trainer does (train.warm_object_store)
+            warmed = asdict(warm_object_store())
+            console.log(f"warmed the object store: {warmed}")
         ws = (
             []
             if args.skip_weights
-            else [bench_weights(s, SIZES[s], args.repeats, naive=s != "500M") for s in sizes]
+            else [
+                bench_weights(s, SIZES[s], args.repeats, naive=s in ("10M", "100M")) for s in sizes
+            ]
         )
         zero_copy = check_unpack_is_zero_copy()
     finally:
         serve.shutdown()
         ray.shutdown()
 
-    t = Table(title=f"actions/s (tiny model, {args.tokens} tokens/action, 1 replica of 1 CPU)")
-    for c in ("clients", "unbatched", "batched", "speed-up"):
+    t = Table(title=f"actions/s (tiny model, {args.tokens} tokens/action, 1 replica of 1 CPU), "
+                    "through Serve and the engine alone (no Serve, no preprocessing, one thread)")  # fmt: skip
+    for c in ("clients", "Serve unbatched", "Serve batched", "mean batch", "speed-up",
+              "engine batch 1", "engine batch n", "engine speed-up", "Serve batched / engine"):  # fmt: skip
         t.add_column(c, justify="right")
+    e1 = next((r["actions_per_s"] for r in eng if r["batch"] == 1), float("nan"))
     for n in sorted({r["clients"] for r in tp}):
         u = next(r for r in tp if r["clients"] == n and not r["batched"])["actions_per_s"]
-        b = next(r for r in tp if r["clients"] == n and r["batched"])["actions_per_s"]
-        t.add_row(str(n), f"{u:.1f}", f"{b:.1f}", f"{b / u:.2f}x")
+        row = next(r for r in tp if r["clients"] == n and r["batched"])
+        b = row["actions_per_s"]
+        en = next(r["actions_per_s"] for r in eng if r["batch"] == n)
+        t.add_row(str(n), f"{u:.1f}", f"{b:.1f}", f"{row['mean_batch']:.1f}", f"{b / u:.2f}x",
+                  f"{e1:.1f}", f"{en:.1f}", f"{en / e1:.2f}x", f"{b / en:.0%}")  # fmt: skip
     console.print(t)
-    e = Table(title="the engine alone (no Serve, no preprocessing), one thread")
-    for c in ("batch", "actions/s", "vs batch 1"):
-        e.add_column(c, justify="right")
-    for r in eng:
-        e.add_row(str(r["batch"]), f"{r['actions_per_s']:.1f}",
-                  f"{r['actions_per_s'] / eng[0]['actions_per_s']:.2f}x")  # fmt: skip
-    console.print(e)
     w = Table(title="weight update latency, seconds (fp32, median of repeats)")
     for c in ("size", "MB", "floor", "store share", "/floor", "store copy", "/floor",
               "pickled", "ckpt+restart", "ckpt/share"):  # fmt: skip
@@ -317,6 +366,7 @@ def main() -> None:
         "engine_only": eng,
         "weights": ws,
         "unpack_zero_copy": zero_copy,
+        "object_store_warmed": warmed,
     }
     out.write_text(json.dumps(result, indent=2) + "\n")
     console.print(f"wrote {out}")

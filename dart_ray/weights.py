@@ -16,6 +16,7 @@ copy into the model writes, and no reference is kept after loading.
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -213,3 +214,72 @@ def share_into(model: torch.nn.Module, packed: PackedWeights) -> int:
         else:
             dst.data = src.to(device=dst.device, dtype=dst.dtype)
     return shared
+
+
+@dataclass(frozen=True, slots=True)
+class WarmReport:
+    """What `warm_object_store` did."""
+
+    bytes: int
+    """Bytes of the node's object store written (and so mapped) by this process."""
+    seconds: float
+
+
+def warm_object_store(
+    fraction: float = 0.95, chunk_bytes: int = 64 << 20, store_bytes: int | None = None
+) -> WarmReport:
+    """Map this node's object store into the calling process once, so later puts copy at
+    memory speed.
+
+    A `ray.put` copies the bytes into the store's shared memory, which each process maps
+    lazily: the first write to each 4 KiB page of the mapping is a page fault, even when the
+    store preallocated its memory. The store places successive objects at fresh addresses
+    until it has gone round its whole capacity, so a publisher faults on every page of every
+    version for a long while: measured here, a 437 MB put took 0.12-0.17 s with 112,000 minor
+    faults against a 0.037 s memcpy, and 0.03-0.05 s once its pages were mapped. Writing
+    `fraction` of the free store once, in chunks that are freed at once, maps it all; the
+    memory is the store's own (it counts against `object_store_memory`, not this process).
+    Costs about 0.4 s per GB here, once; the page tables cost 2 MB per GB mapped.
+
+    `store_bytes` defaults to this node's free object store memory as Ray reports it. Must
+    run inside a connected Ray driver or worker.
+    """
+    import ray
+
+    if not 0 < fraction <= 0.95:
+        raise ValueError(f"fraction must be in (0, 0.95], got {fraction}")
+    t0 = time.perf_counter()
+    free = _free_store_bytes() if store_bytes is None else store_bytes
+    total = int(free * fraction)
+    zeros = np.zeros(min(chunk_bytes, total), dtype=np.uint8)
+    sizes = [len(zeros)] * (total // len(zeros)) if len(zeros) else []
+    if total - sum(sizes) >= 1 << 20:
+        sizes.append(total - sum(sizes))
+    refs = [ray.put(zeros[:n]) for n in sizes]
+    del refs
+    # the store frees them asynchronously: wait for that here rather than in the first publish
+    deadline = time.monotonic() + 10
+    while store_bytes is None and time.monotonic() < deadline:
+        if _free_store_bytes() >= free * 0.98:
+            break
+        time.sleep(0.1)
+    return WarmReport(sum(sizes), time.perf_counter() - t0)
+
+
+def _free_store_bytes() -> int:
+    import ray
+
+    node = ray.get_runtime_context().get_node_id()
+    try:  # per node; Ray keeps this in a private module
+        from ray._private.state import state
+
+        free = state.available_resources_per_node()[node].get("object_store_memory")
+    except Exception:  # an internal API that may move: fall back below
+        free = None
+    if free is None:
+        free = next(
+            n["Resources"].get("object_store_memory", 0) / 2
+            for n in ray.nodes()
+            if n["NodeID"] == node
+        )
+    return int(free)

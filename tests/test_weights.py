@@ -141,3 +141,54 @@ def test_staged_load_through_pinned_buffers_is_exact() -> None:
     assert model[0].weight.data_ptr() == ptr
     for k, v in src.state_dict().items():
         assert torch.equal(model.state_dict()[k].cpu(), v), k
+
+
+_FAULTS_SCRIPT = r"""
+import json, os, resource, sys
+import numpy as np, ray
+os.environ["RAY_preallocate_plasma_memory"] = "1"
+ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
+         object_store_memory=400 * 2**20, _node_ip_address="127.0.0.1")
+from dart_ray.weights import warm_object_store
+weights = np.ones(48 * 2**20, dtype=np.uint8)
+
+def faults_per_put(n):
+    held, out = [], []
+    for _ in range(n):
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        held.append(ray.put(weights))
+        out.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+        held = held[-2:]  # replicas hold the version before while the next one lands
+    return out
+
+cold = faults_per_put(3)
+del cold[1:]  # the first of them faults for sure; the next may land on its pages
+from dart_ray.weights import _free_store_bytes
+import time
+while _free_store_bytes() < 390 * 2**20:  # the store frees the cold puts asynchronously
+    time.sleep(0.1)
+report = warm_object_store()
+warm = faults_per_put(12)
+print(json.dumps({"cold": cold, "warm": warm, "warmed": report.bytes}))
+ray.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_a_warmed_object_store_takes_puts_without_faulting_in_pages() -> None:
+    # Its own Ray with a small store (the session's is 30% of the machine's memory): a put
+    # faults in a fresh page per 4 KiB of the store's mapping until the whole store has been
+    # written once by this process; after warm_object_store no put does
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _FAULTS_SCRIPT], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    pages = 48 * 2**20 // 4096
+    assert got["cold"][0] > pages // 2, got  # 12,288 pages: most of them fault
+    assert got["warmed"] >= 300 * 2**20, got
+    assert max(got["warm"]) < pages // 20, got

@@ -50,7 +50,7 @@ from dart_ray.train.checkpointing import TrainerState, read_trainer_state, save_
 from dart_ray.train.fsdp import comm_device, full_state_dict, shard_model
 from dart_ray.train.learner import Learner, loss_settings
 from dart_ray.train.leases import LeaseKeeper
-from dart_ray.weights import pack
+from dart_ray.weights import pack, warm_object_store
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +155,7 @@ class Publisher:
         self.curator = curator
         self.policy = serve.get_deployment_handle("PolicyServer", job.policy_app)
         self.leases = LeaseKeeper(store.log, job.config.curation.lease_s)
+        self.warmed = False
 
     @property
     def pending(self) -> dict[int, list[Claim]]:
@@ -171,6 +172,10 @@ class Publisher:
 
     def publish(self, version: int, state: dict[str, torch.Tensor]) -> tuple[int, float]:
         """Put once, every replica loads in place; returns (checkpoint id, seconds)."""
+        if self.job.config.train.warm_object_store and not self.warmed:
+            self.warmed = True
+            w = warm_object_store()
+            log.info("warmed %.1f GB of the object store in %.2f s", w.bytes / 1e9, w.seconds)
         t0 = time.monotonic()
         cps = self.store.checkpoints
         cid = cps.create(
