@@ -357,7 +357,7 @@ def test_a_dead_window_manager_is_restarted_before_an_app_is_launched(
 def test_the_desktop_goes_when_the_process_that_started_it_is_killed() -> None:
     """A SIGKILLed EnvSession cannot stop its desktop server: the server notices it was
     re-parented and takes its X server and window manager down with it. (A server that is
-    itself SIGKILLed still leaves them behind: the next step, in the closing note of 20.)"""
+    itself SIGKILLed: the next test.)"""
     import subprocess
     import sys
 
@@ -383,3 +383,31 @@ def test_the_desktop_goes_when_the_process_that_started_it_is_killed() -> None:
     gone, alive = psutil.wait_procs(desktop, timeout=20)
     assert not alive, [p.name() for p in alive]
     assert len(gone) == len(desktop)
+
+
+def test_the_desktop_goes_when_its_server_is_killed() -> None:
+    """A SIGKILLed desktop server runs no handler: before, its Xvfb, window manager and apps
+    stayed up (two pairs orphaned after each CI run's fault tests, where Ray kills a dead
+    EnvSession's children). The X server now gets SIGTERM when the server's main thread
+    ends, and the X clients end with their display."""
+    from dart_ray.envs.desktop.spawn import spawn_server
+
+    proc, url = spawn_server(320, 240, "openbox", "tok")
+    try:
+        r = requests.post(
+            f"{url}/setup/launch",
+            json={"command": ["xterm"], "timeout": 10},
+            headers={"Authorization": "Bearer tok"},
+            timeout=30,
+        )
+        assert r.json()["status"] == "success", r.text
+        server = psutil.Process(proc.pid)
+        desktop = server.children(recursive=True)
+        names = sorted(p.name() for p in desktop)
+        assert "Xvfb" in names and "openbox" in names and "xterm" in names, names
+        server.kill()  # SIGKILL: no handler, no finally
+        _, alive = psutil.wait_procs(desktop, timeout=20)
+        assert not alive, [p.name() for p in alive]
+    finally:
+        proc.kill()
+        proc.wait()

@@ -68,6 +68,13 @@ class Machine:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
+        """Start the X server and the desktop on it.
+
+        Call it from the thread that lives as long as the desktop (the server's main thread):
+        the X server is asked to be sent SIGTERM when the thread that started it ends, so a
+        server that is SIGKILLed (no handler runs, `close` never comes) still takes its X
+        server down, and with it every app and the window manager (X clients end with their
+        display)."""
         for tool in ("Xvfb", "xauth", self.window_manager):
             if shutil.which(tool) is None:
                 raise DesktopError(
@@ -98,6 +105,7 @@ class Machine:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=_terminate_with_parent,  # start() runs before any other thread
         )
         os.close(w)
         number = _read_display(r, self._xvfb)
@@ -205,6 +213,16 @@ class Machine:
             return None
         raw = log.read_bytes().decode("utf-8", "replace") if log.exists() else ""
         return _strip_ansi(raw)
+
+
+def _terminate_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the thread that forked us ends (Linux)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+    if libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
 
 
 def _xauth(path: Path, display: str, cookie: str) -> None:
