@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,7 @@ from dart_ray.records import Status, Step, Trajectory
 from dart_ray.train.forward import collate
 from dart_ray.train.fsdp import full_state_dict
 from dart_ray.train.learner import Learner, loss_settings, split_micro
-from dart_ray.weights import pack
+from dart_ray.weights import pack, warm_object_store
 from serve_apps.policy import build_app
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -363,6 +364,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ckpt-repeats", type=int, default=2)
     p.add_argument("--skip-steps", action="store_true")
     p.add_argument("--skip-publish", action="store_true")
+    p.add_argument("--cold", action="store_true",
+                   help="publish without warming the object store first (train.warm_object_store off)")  # fmt: skip
     p.add_argument("--config", type=Path, default=REPO_ROOT / "configs" / "tiny-cpu.toml")
     p.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks/results/trainer.json")
     return p.parse_args(argv)
@@ -389,13 +392,16 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [] if args.skip_publish else [s.strip() for s in args.sizes.split(",")]
     results["publish"] = []
     if sizes:
-        os.environ.setdefault("RAY_preallocate_plasma_memory", "1")  # puts at memory speed
+        if args.cold:  # the store touches its pages at start (the publisher's still fault)
+            os.environ.setdefault("RAY_preallocate_plasma_memory", "1")
         # room for the version the replicas serve (they point into it), the one arriving and
         # a spare (a smaller store spills to disk and measures the disk)
         store = max(2**30, 3 * max(_spec_bytes(SIZES[s]) for s in sizes))
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
                  _node_ip_address="127.0.0.1", object_store_memory=store)  # fmt: skip
         serve.start(http_options={"location": "NoServer"})
+        if not args.cold:  # as rank 0 does with train.warm_object_store
+            results["object_store_warmed"] = asdict(warm_object_store())
         work = Path(tempfile.mkdtemp(prefix="dart-ray-bench-trainer-"))
         try:
             for s in sizes:

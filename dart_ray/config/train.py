@@ -79,10 +79,12 @@ class TrainConfig(Section):
     save_every: int = Field(default=5, ge=1)
     """Published versions between durable checkpoints."""
     warm_object_store: bool = False
-    """Before its first publish, rank 0 writes its node's free object store once so that
-    every later `ray.put` of the weights copies at memory speed instead of faulting in a
-    fresh page per 4 KiB (437 MB: 0.047 s warm against 0.12-0.17 s cold, docs/BENCHMARKS.md).
-    Worth it for weights of hundreds of MB and more; it makes the store's memory resident up
-    front (about 0.4 s per GB, once), so it is off for the laptop default."""
+    """Rank 0 writes its node's free object store once when the trainer starts, while the
+    first batch is still being rolled out. A process maps the store lazily and the store
+    places objects at fresh addresses until it has gone round its capacity, so the first
+    (store size / weights size) publishes fault in a page per 4 KiB (437 MB: 0.12-0.17 s
+    against 0.03-0.05 s once mapped; docs/BENCHMARKS.md); warming pays those faults up front,
+    off the critical path (about 0.35 s per GB here). It also makes the whole store resident
+    at once, so it is off for the laptop default."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""

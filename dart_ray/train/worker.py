@@ -155,7 +155,9 @@ class Publisher:
         self.curator = curator
         self.policy = serve.get_deployment_handle("PolicyServer", job.policy_app)
         self.leases = LeaseKeeper(store.log, job.config.curation.lease_s)
-        self.warmed = False
+        if job.config.train.warm_object_store:  # now, while the first batch is being rolled out
+            w = warm_object_store()
+            log.info("warmed %.1f GB of the object store in %.2f s", w.bytes / 1e9, w.seconds)
 
     @property
     def pending(self) -> dict[int, list[Claim]]:
@@ -172,10 +174,6 @@ class Publisher:
 
     def publish(self, version: int, state: dict[str, torch.Tensor]) -> tuple[int, float]:
         """Put once, every replica loads in place; returns (checkpoint id, seconds)."""
-        if self.job.config.train.warm_object_store and not self.warmed:
-            self.warmed = True
-            w = warm_object_store()
-            log.info("warmed %.1f GB of the object store in %.2f s", w.bytes / 1e9, w.seconds)
         t0 = time.monotonic()
         cps = self.store.checkpoints
         cid = cps.create(
