@@ -51,6 +51,7 @@ if [ "${TEST_VLLM:-1}" = 1 ]; then
   read -r venv_s venv_rc <"$venv_log.done"
   echo "== vllm venv (built in the background in ${venv_s} s):"
   cat "$venv_log"
+  rm -f "$venv_log" "$venv_log.done"
   record "vllm-venv" "$venv_s" "$venv_rc"
   if [ "$venv_rc" = 0 ]; then
     tier vllm make --no-print-directory test-vllm
