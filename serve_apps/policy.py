@@ -149,7 +149,9 @@ class PolicyServer:
         self.defaults = SamplingParams(
             self.cfg.temperature, self.cfg.top_p, self.cfg.max_new_tokens, top_k=self.cfg.top_k
         )
-        self._prepare_pool = ThreadPoolExecutor(1, thread_name_prefix="prepare")
+        self._prepare_pool = ThreadPoolExecutor(
+            self.cfg.prepare_threads, thread_name_prefix="prepare"
+        )
         self._batcher: Batcher[PreparedRequest, Generation] = Batcher(
             self.engine.generate, self.cfg.max_batch_size, self.cfg.batch_wait_ms / 1000
         )
@@ -179,9 +181,10 @@ class PolicyServer:
         """One response for one request; raises BadRequest for a malformed request.
 
         The request is prepared (checked, its screenshots decoded and encoded) on arrival, in
-        the replica's one preparation thread, so that preparing the next batch overlaps the
-        engine's work on the current one; it joins the batcher's queue at once, and a batch
-        waits for the preparation of the members it took. A malformed request fails alone.
+        the replica's preparation threads (`policy.prepare_threads`), so that preparing the
+        next batch overlaps the engine's work on the current one; it joins the batcher's
+        queue at once, and a batch waits for the preparation of the members it took. A
+        malformed request fails alone.
         """
         if not isinstance(request, GenerateRequest):
             raise BadRequest(f"generate takes a GenerateRequest, not {type(request).__name__}")

@@ -198,7 +198,7 @@ HOW: dict[str, How] = {
     ),
     r"pytest -m gpu tests/test_gpu_recipe\.py": How("run"),
     # long runs and services: the flags exist
-    r"\.venv/bin/python benchmarks/\w+\.py.*": How("flags"),
+    r"\.venv/bin/python (benchmarks|scripts)/\w+\.py.*": How("flags"),
     r"(\.venv/bin/)?python -m dart_ray\.envs\.(minidesk\.generate|desktop\.server|osworld_tasks) .*": How(
         "flags"
     ),
