@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 import torch
 
-from dart_ray.actions import CoordinateMap, format_response
 from dart_ray.config import EnvConfig
 from dart_ray.models.loading import PolicyProcessor
 from dart_ray.prompts import Turn, build_messages
@@ -91,24 +90,15 @@ def read_screens(
 ) -> list[Screen]:
     """Reset MiniDesk on each task, teacher-force the oracle's first response, read the probes'
     inputs. Tasks must be click-button screens (every widget a button)."""
-    from dart_ray.envs.minidesk.env import MiniDeskEnv
-    from dart_ray.envs.minidesk.oracle import oracle_action, thought
+    from dart_ray.sft import OracleWriter
 
-    env = MiniDeskEnv(env_config)
-    coords = CoordinateMap.for_screen(
-        env_config.screen_width,
-        env_config.screen_height,
-        processor.min_pixels,
-        processor.max_pixels,
-    )
-    eos = processor.tokenizer.eos_token
+    oracle = OracleWriter(processor, env_config)
+    env = oracle.env
     screens = []
     for task in tasks:
         obs = env.reset(task)
-        action = oracle_action(env)
-        text = format_response(thought(env.scene, action), action, coords, box_tokens=False)
+        action, _, response = oracle.next_response()
         enc = processor.encode(build_messages(task.instruction, [Turn(obs.screenshot)]))
-        response = processor.tokenizer(text + eos, add_special_tokens=False)["input_ids"]
         k = first_coordinate_index(processor, response)
         ids = torch.tensor([list(enc.input_ids) + list(response)])
         out = model(

@@ -25,7 +25,7 @@ from dart_ray.actions import CoordinateMap, format_response
 from dart_ray.config import EnvConfig
 from dart_ray.models.loading import PolicyProcessor, load_model
 from dart_ray.prompts import Turn, build_messages
-from dart_ray.records import SAMPLE_SCHEMA, ActionKind, Task
+from dart_ray.records import SAMPLE_SCHEMA, Action, ActionKind, Task
 from dart_ray.train.forward import collate, response_logprobs
 
 log = logging.getLogger(__name__)
@@ -38,6 +38,35 @@ class Demo:
     images: list[bytes]
 
 
+class OracleWriter:
+    """MiniDesk played by its oracle, each action written as the policy writes a response:
+    the Thought naming the element, the UI-TARS action in the model's coordinate frame, the
+    end token."""
+
+    def __init__(self, processor: PolicyProcessor, env_config: EnvConfig) -> None:
+        from dart_ray.envs.minidesk.env import MiniDeskEnv
+
+        self.processor = processor
+        self.env = MiniDeskEnv(env_config)
+        self.coords = CoordinateMap.for_screen(
+            env_config.screen_width,
+            env_config.screen_height,
+            processor.min_pixels,
+            processor.max_pixels,
+        )
+
+    def next_response(self) -> tuple[Action, str, list[int]]:
+        """The oracle's next action on the current screen, its text and its token ids."""
+        from dart_ray.envs.minidesk.oracle import oracle_action, thought
+
+        action = oracle_action(self.env)
+        text = format_response(
+            thought(self.env.scene, action), action, self.coords, box_tokens=False
+        )
+        tok = self.processor.tokenizer
+        return action, text, list(tok(text + tok.eos_token, add_special_tokens=False)["input_ids"])
+
+
 def demonstrations(
     tasks: Sequence[Task],
     processor: PolicyProcessor,
@@ -48,28 +77,17 @@ def demonstrations(
     max_steps: int = 8,
 ) -> Iterator[Demo]:
     """(prompt, oracle response) pairs from oracle episodes on MiniDesk tasks."""
-    from dart_ray.envs.minidesk.env import MiniDeskEnv
-    from dart_ray.envs.minidesk.oracle import oracle_action, thought
-
-    env = MiniDeskEnv(env_config)
-    coords = CoordinateMap.for_screen(
-        env_config.screen_width,
-        env_config.screen_height,
-        processor.min_pixels,
-        processor.max_pixels,
-    )
-    eos = processor.tokenizer.eos_token
+    oracle = OracleWriter(processor, env_config)
+    env = oracle.env
     for task in tasks:
         obs = env.reset(task)
         turns = [Turn(obs.screenshot)]
         for _ in range(max_steps):
-            action = oracle_action(env)
-            text = format_response(thought(env.scene, action), action, coords, box_tokens=False)
+            action, text, response = oracle.next_response()
             messages = build_messages(task.instruction, turns, history_images, history_turns)
             enc = processor.encode(messages)
-            response = processor.tokenizer(text + eos, add_special_tokens=False)["input_ids"]
             images = [t.screenshot for t in turns[-history_images:]]
-            yield Demo(list(enc.input_ids), list(response), images)
+            yield Demo(list(enc.input_ids), response, images)
             if action.kind in (ActionKind.FINISHED, ActionKind.CALL_USER):
                 break
             result = env.step(action)

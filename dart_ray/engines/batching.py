@@ -60,7 +60,8 @@ class Batcher(Generic[T, R]):
         self.max_batch_size = max_batch_size
         self.wait_s = wait_s
         self.batch_sizes: list[int] = []
-        """Size of every batch run so far (for statistics and tests)."""
+        """Sizes of the batches run, newest last (the last 512 to 1,024 of them: a replica
+        runs for days)."""
         self._queue: asyncio.Queue[_Pending[T, R]] | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._free_at = 0.0
@@ -117,6 +118,8 @@ class Batcher(Generic[T, R]):
                 continue
             batch = [p for p, _ in taken]
             self.batch_sizes.append(len(batch))
+            if len(self.batch_sizes) > 1024:
+                del self.batch_sizes[:512]
             try:
                 results = await self.run([item for _, item in taken])
                 if len(results) != len(batch):
