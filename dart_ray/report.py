@@ -11,6 +11,7 @@ event files of every trainer step, held-out success, sampled success per version
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -30,6 +31,8 @@ from dart_ray.plots import (
     draw_system,
     utilisation,
 )
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from dart_ray.runtime import Parts
@@ -75,6 +78,11 @@ class RunReport:
     """[start, end] (unix seconds) of each train step with its weight sync."""
     sync_latency: list[list[float]] = field(default_factory=list)
     """[version, seconds] of each weight publication."""
+    simulated: bool = False
+    """A timing-mode run (`[timing]`): compute was replaced by calibrated latencies, so its
+    times describe the modelled regime, not this machine, and its policy did not learn."""
+    rollout_utilisation: float | None = None
+    """The policy replicas' accelerators' busy fraction (simulated GPUs in the timing mode)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -204,9 +212,23 @@ def build_report(
             if "t_end" in h
         ],
         sync_latency=[[h["version"], h["sync_s"]] for h in history if "sync_s" in h],
+        simulated=parts.config.timing.enabled,
+        rollout_utilisation=rollout_utilisation(parts),
     )
     write(report, history, parts.run_dir, parts.store.log.episode_intervals(parts.run_id))
     return report
+
+
+def rollout_utilisation(parts: Parts) -> float | None:
+    """Busy GPU-seconds over GPU-seconds of every policy replica (None if none answers)."""
+    try:
+        results = parts.policy.broadcast("utilisation").results()
+    except Exception as e:  # a report never fails for a figure
+        log.warning("rollout utilisation: %s", e)
+        return None
+    busy = sum(u["gpu_busy_s"] for u in results)
+    capacity = sum(u["gpus"] * u["alive_s"] for u in results)
+    return busy / capacity if capacity else None
 
 
 def write(
@@ -351,7 +373,8 @@ def heldout_line(report: RunReport) -> str:
 
 
 def render(report: RunReport, console: Console) -> None:
-    t = Table(title=f"run {report.run_id} ({report.mode})", show_header=False)
+    sim = " - SIMULATED (timing mode: compute replaced by latencies)" if report.simulated else ""
+    t = Table(title=f"run {report.run_id} ({report.mode}){sim}", show_header=False)
 
     def pct(v: float | None) -> str:
         return "-" if v is None else f"{v:.1%}"
@@ -369,6 +392,7 @@ def render(report: RunReport, console: Console) -> None:
     )
     t.add_row("environment utilisation", pct(report.env_utilisation))
     t.add_row("trainer utilisation", pct(report.trainer_utilisation))
+    t.add_row("rollout (policy accelerator) utilisation", pct(report.rollout_utilisation))
     t.add_row(
         "weight syncs (mean / max latency)",
         f"{report.sync_count} ({report.sync_latency_mean_s:.2f} s / {report.sync_latency_max_s:.2f} s)",

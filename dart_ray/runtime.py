@@ -31,6 +31,7 @@ from actors.env_session import session_names, start_sessions
 from actors.rollouter import NUM_CPUS as ROLLOUTER_CPUS
 from actors.rollouter import Rollouter
 from dart_ray.config import Config, ConfigError
+from dart_ray.config.tree import LATENCY_KIND
 from dart_ray.engines.base import SamplingParams
 from dart_ray.evaluate import EvalResult, evaluate
 from dart_ray.records import PackedTasks, Task
@@ -150,7 +151,7 @@ def load_suite(config: Config, split: str) -> list[Task]:
     path = e.tasks if split == "train" else e.heldout_tasks
     if path is not None:
         tasks = load_tasks(path, split)
-    elif e.kind == "minidesk":
+    elif e.kind in ("minidesk", LATENCY_KIND):
         tasks = load_tasks(split=split)
     else:
         key = "env.tasks" if split == "train" else "env.heldout_tasks"
@@ -288,7 +289,9 @@ def start(config: Config) -> Parts:
     # from the config (the SQLite log, blobs, checkpoints) must be absolute.
     config = config.model_copy(
         update={"run": config.run.model_copy(update={"root_dir": config.run.root_dir.resolve()})}
-    )
+    ).simulated()  # a timing-mode run: sessions run LatencyMiniDesk with [timing]'s figures
+    if config.timing.enabled:
+        log.warning("timing mode: a SIMULATED run (compute replaced by calibrated latencies)")
     run_id = new_run_id(config)
     run_dir = (config.run.root_dir / run_id).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -320,7 +323,12 @@ def start(config: Config) -> Parts:
     from serve_apps.policy import build_app
 
     policy = serve.run(
-        build_app(config.policy, model_dir, initial_version=start_state.version),
+        build_app(
+            config.policy,
+            model_dir,
+            initial_version=start_state.version,
+            timing=config.timing if config.timing.enabled else None,
+        ),
         name=app,
         route_prefix=f"/{app}",
     )

@@ -6,7 +6,9 @@ an OpenAI-compatible `/v1/chat/completions` route (images as data URLs) so that 
 tools can call the policy too. For the transformers engine, concurrent requests are batched
 by a `Batcher` (dart_ray.engines.batching: the next batch forms when the engine is free, from
 everything that queued meanwhile, up to `policy.max_batch_size`; a request waits at most
-`policy.batch_wait_ms` for company); vLLM batches by itself.
+`policy.batch_wait_ms` for company); vLLM batches by itself. In a timing-mode run (`[timing]`)
+replicas run the TimingEngine, which takes as long as a 7B model on GPUs without computing
+(dart_ray.engines.timing). `utilisation()` says how busy the replica's accelerators were.
 
 Weights: `update_weights(version, [ObjectRef])`, sent to any one replica, records the publish
 in a deployment-scoped `WeightRegistry` (so replicas that start later load it first) and
@@ -44,10 +46,17 @@ from ray.exceptions import ObjectLostError
 from ray.serve.config import AutoscalingConfig, DeploymentActorConfig
 from ray.serve.handle import DeploymentHandle
 
-from dart_ray.config import ConfigError, PolicyConfig, read_secret
+from dart_ray.config import ConfigError, PolicyConfig, TimingConfig, read_secret
 from dart_ray.engines import make_engine
-from dart_ray.engines.base import GenerateRequest, Generation, PreparedRequest, SamplingParams
+from dart_ray.engines.base import (
+    Engine,
+    GenerateRequest,
+    Generation,
+    PreparedRequest,
+    SamplingParams,
+)
 from dart_ray.engines.batching import Batcher
+from dart_ray.engines.timing import TimingEngine
 from dart_ray.models.loading import check_model_dir
 from dart_ray.prompts import BadRequest, from_openai
 from dart_ray.weights import PackedWeights
@@ -139,10 +148,22 @@ def read_token(cfg: PolicyConfig) -> str | None:
 @serve.ingress(http)
 class PolicyServer:
     async def __init__(
-        self, cfg: dict[str, Any], model_path: str, initial_version: int = 0
+        self,
+        cfg: dict[str, Any],
+        model_path: str,
+        initial_version: int = 0,
+        timing: dict[str, Any] | None = None,
     ) -> None:
         self.cfg = PolicyConfig.model_validate(cfg)
-        self.engine = make_engine(self.cfg, model_path)
+        self.engine: Engine = (
+            TimingEngine(TimingConfig.model_validate(timing))
+            if timing is not None
+            else make_engine(self.cfg, model_path)
+        )
+        self._started = time.monotonic()
+        self._in_flight = 0
+        self._busy_s = 0.0
+        self._busy_since = 0.0
         # the weights in `model_path` are this version (a checkpoint when a run resumes)
         self.engine.gate.version = initial_version
         self.model_path = model_path
@@ -191,9 +212,30 @@ class PolicyServer:
         prepared = asyncio.get_running_loop().run_in_executor(
             self._prepare_pool, self.engine.prepare, request, self.defaults
         )
-        if self.engine.name == "hf":
-            return await self._batcher.submit(prepared)
-        return (await self.engine.generate([await prepared]))[0]
+        if self._in_flight == 0:
+            self._busy_since = time.monotonic()
+        self._in_flight += 1
+        try:
+            if self.engine.name == "hf":
+                return await self._batcher.submit(prepared)
+            return (await self.engine.generate([await prepared]))[0]
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._busy_s += time.monotonic() - self._busy_since
+
+    def utilisation(self) -> dict[str, float]:
+        """How busy this replica's accelerators were: `gpu_busy_s` over `gpus` x `alive_s`.
+        The timing engine knows each simulated GPU's busy time; a real engine counts the
+        replica busy while any request is in flight."""
+        if isinstance(self.engine, TimingEngine):
+            return self.engine.utilisation()
+        live = time.monotonic() - self._busy_since if self._in_flight else 0.0
+        return {
+            "gpus": 1.0,
+            "gpu_busy_s": self._busy_s + live,
+            "alive_s": time.monotonic() - self._started,
+        }
 
     # ------------------------------------------------------------------ weights
 
@@ -297,9 +339,13 @@ class PolicyServer:
 
 
 def build_app(
-    cfg: PolicyConfig, model_path: str | Path, initial_version: int = 0
+    cfg: PolicyConfig,
+    model_path: str | Path,
+    initial_version: int = 0,
+    timing: TimingConfig | None = None,
 ) -> serve.Application:
-    """The policy application with replicas, autoscaling and resources from `cfg`.
+    """The policy application with replicas, autoscaling and resources from `cfg`; with
+    `timing` (a timing-mode run), replicas run the TimingEngine instead of `cfg.engine`.
 
     The model folder is checked here, in the caller, so a wrong path fails at once with a
     message naming the problem instead of as replicas that keep failing to start.
@@ -327,7 +373,12 @@ def build_app(
     else:
         options["num_replicas"] = cfg.replicas
     deployment = PolicyServer.options(**options)
-    return deployment.bind(cfg.model_dump(mode="json"), str(model_path), initial_version)
+    return deployment.bind(
+        cfg.model_dump(mode="json"),
+        str(model_path),
+        initial_version,
+        timing.model_dump(mode="json") if timing is not None else None,
+    )
 
 
 def run_policy(

@@ -9,7 +9,7 @@ environment variable (`*_env`) or a file (`*_file`). The config is therefore saf
 and to store in the `run` table; `redacted()` masks anything that still looks like a secret
 (a password inside a DSN, say) as a second line of defence.
 
-The parts live in their own modules (`run`, `env`, `policy`, `rollout`, `train`, `store`;
+The parts live in their own modules (`run`, `env`, `policy`, `rollout`, `train`, `store`, `timing`;
 `tree` joins them into `Config`), next to the loader (`loader`), the secret helpers
 (`secrets`) and the reference generator (`reference`). Import from `dart_ray.config`.
 """
@@ -25,6 +25,7 @@ from dart_ray.config.reference import field_docs, reference_markdown
 from dart_ray.config.rollout import CurationConfig, RolloutConfig
 from dart_ray.config.run import ClusterConfig, RunConfig
 from dart_ray.config.store import StoreConfig
+from dart_ray.config.timing import EnvLatency, TimingConfig
 from dart_ray.config.train import AlgoConfig, TrainConfig
 from dart_ray.config.tree import Config
 
@@ -36,12 +37,14 @@ __all__ = [
     "CurationConfig",
     "DesktopOptions",
     "EnvConfig",
+    "EnvLatency",
     "MiniDeskOptions",
     "MiniWobOptions",
     "PolicyConfig",
     "RolloutConfig",
     "RunConfig",
     "StoreConfig",
+    "TimingConfig",
     "TrainConfig",
     "apply_override",
     "field_docs",

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from dart_ray.config.base import Section
+from dart_ray.config.timing import EnvLatency
 
 
 class MiniDeskOptions(Section):
@@ -110,6 +111,9 @@ class EnvConfig(Section):
     """Options of MiniWoB++ in Chromium."""
     desktop: DesktopOptions = DesktopOptions()
     """Options of the X desktop reached through the OSWorld protocol."""
+    latency: EnvLatency | None = None
+    """Latencies of `env.kind = "dart_ray.envs.latency:LatencyMiniDesk"` (MiniDesk behind
+    OSWorld-shaped delays); the timing mode sets it from `[timing]`. Unset: its defaults."""
 
     @field_validator("max_sessions")
     @classmethod

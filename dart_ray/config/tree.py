@@ -15,7 +15,10 @@ from dart_ray.config.policy import PolicyConfig
 from dart_ray.config.rollout import CurationConfig, RolloutConfig
 from dart_ray.config.run import ClusterConfig, RunConfig
 from dart_ray.config.store import StoreConfig
+from dart_ray.config.timing import TimingConfig
 from dart_ray.config.train import AlgoConfig, TrainConfig
+
+LATENCY_KIND = "dart_ray.envs.latency:LatencyMiniDesk"
 
 
 class Config(Section):
@@ -30,6 +33,26 @@ class Config(Section):
     train: TrainConfig = TrainConfig()
     store: StoreConfig = StoreConfig()
     cluster: ClusterConfig = ClusterConfig()
+    timing: TimingConfig = TimingConfig()
+
+    @model_validator(mode="after")
+    def _timing_on_minidesk(self) -> Config:
+        if self.timing.enabled and self.env.kind not in ("minidesk", LATENCY_KIND):
+            raise ValueError(
+                f"timing.enabled needs env.kind = 'minidesk' (got {self.env.kind!r}): the timing "
+                "mode runs MiniDesk's tasks behind the simulated latencies"
+            )
+        return self
+
+    def simulated(self) -> Config:
+        """The config the parts of a timing-mode run are given: the environment sessions run
+        LatencyMiniDesk with `[timing]`'s latencies (itself when the mode is off)."""
+        if not self.timing.enabled:
+            return self
+        env = self.env.model_copy(
+            update={"kind": LATENCY_KIND, "latency": self.timing.env_latency()}
+        )
+        return self.model_copy(update={"env": env})
 
     @model_validator(mode="after")
     def _rollouts_sample(self) -> Config:

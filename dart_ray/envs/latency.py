@@ -11,46 +11,39 @@ each `reset` and `step`, drawn from a lognormal distribution:
 
     latency = clip(median * exp(sigma * z), lo, hi) * scale,   z ~ N(0, 1)
 
-At `scale = 1` the defaults give resets with median 15 s (p5 ~4.7 s, p95 ~47 s, clipped to
+At `scale = 1` the defaults give resets with median 10 s (p5 ~1.9 s, p95 ~52 s, clipped to
 [2, 90] s) and steps with median 2.5 s (p5 ~1.2 s, p95 ~5.2 s, clipped to [0.5, 15] s), the
 shape reported for OSWorld (REFERENCE.md; DART-GUI's paper). `scale` shrinks every latency
 by the same factor, so the shape (the tail over the median) survives in a run of minutes.
 
-Configuration comes from environment variables, read when an environment is built (inside the
-EnvSession actor, whose process inherits the driver's environment when the driver starts a
-local Ray; on a cluster pass them with the job's `runtime_env`):
-
-    DART_LATENCY_SCALE         multiplier of every latency (default 1.0)
-    DART_LATENCY_SEED          base seed (default 0)
-    DART_LATENCY_RESET_MEDIAN  reset median, seconds at scale 1 (default 15)
-    DART_LATENCY_RESET_SIGMA   reset lognormal sigma (default 0.7)
-    DART_LATENCY_STEP_MEDIAN   step median, seconds at scale 1 (default 2.5)
-    DART_LATENCY_STEP_SIGMA    step lognormal sigma (default 0.45)
+Configuration comes from `env.latency` (`dart_ray.config.EnvLatency`; the timing mode fills
+it from `[timing]`); unset, the defaults above at scale 1. With `success_rate` set, the
+episode's reward is simulated too: each task succeeds with its own probability, drawn once per
+task (from its id and the seed) from a Beta distribution with that mean and concentration 2,
+so some tasks are nearly always solved and some nearly never, as on OSWorld; MiniDesk's
+checker is not consulted.
 
 Draws are repeatable: each environment has its own random stream, seeded from the base seed
 and its session's index (the trailing number of the EnvSession actor's name, `env-<run>-3`,
 so session 3 draws the same latencies in every run whatever the run id; outside Ray, or
 when given, the `session` argument). Use it with `env.kind =
-"dart_ray.envs.latency:LatencyMiniDesk"` and `env.tasks` pointing at MiniDesk's task files.
+"dart_ray.envs.latency:LatencyMiniDesk"` and `env.tasks` pointing at MiniDesk's task files,
+or through the timing mode (`timing.enabled = true`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-import os
 import random
 import re
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from dart_ray.config import EnvConfig
+from dart_ray.config import EnvConfig, EnvLatency
 from dart_ray.envs.base import StepResult
 from dart_ray.envs.minidesk.env import MiniDeskEnv
 from dart_ray.records import Action, Observation, Task
-
-ENV_PREFIX = "DART_LATENCY_"
-
 
 @dataclass(frozen=True, slots=True)
 class Lognormal:
@@ -76,44 +69,40 @@ class Lognormal:
 class LatencyProfile:
     """The latencies of one environment kind: reset and step distributions and a scale."""
 
-    reset: Lognormal = field(default_factory=lambda: Lognormal(15.0, 0.7, 2.0, 90.0))
+    reset: Lognormal = field(default_factory=lambda: Lognormal(10.0, 1.0, 2.0, 90.0))
     step: Lognormal = field(default_factory=lambda: Lognormal(2.5, 0.45, 0.5, 15.0))
     scale: float = 1.0
     seed: int = 0
+    success_rate: float | None = None
+    """None: MiniDesk's checker rewards; else the mean simulated success rate."""
 
     def __post_init__(self) -> None:
         if self.scale < 0:
             raise ValueError(f"latency scale must be >= 0, got {self.scale}")
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> LatencyProfile:
-        """The profile the `DART_LATENCY_*` variables describe (defaults where unset)."""
-        env = dict(os.environ if environ is None else environ)
-
-        def num(name: str, default: float) -> float:
-            raw = env.get(ENV_PREFIX + name)
-            if raw is None or raw == "":
-                return default
-            try:
-                return float(raw)
-            except ValueError:
-                raise ValueError(f"{ENV_PREFIX}{name}={raw!r} is not a number") from None
-
-        base = cls()
+    def from_config(cls, c: EnvLatency | None) -> LatencyProfile:
+        """The profile `env.latency` describes (None: the defaults)."""
+        if c is None:
+            return cls()
         return cls(
-            reset=replace(
-                base.reset,
-                median_s=num("RESET_MEDIAN", base.reset.median_s),
-                sigma=num("RESET_SIGMA", base.reset.sigma),
-            ),
-            step=replace(
-                base.step,
-                median_s=num("STEP_MEDIAN", base.step.median_s),
-                sigma=num("STEP_SIGMA", base.step.sigma),
-            ),
-            scale=num("SCALE", base.scale),
-            seed=int(num("SEED", base.seed)),
+            reset=Lognormal(c.reset_median_s, c.reset_sigma, c.reset_lo_s, c.reset_hi_s),
+            step=Lognormal(c.step_median_s, c.step_sigma, c.step_lo_s, c.step_hi_s),
+            scale=c.scale,
+            seed=c.seed,
+            success_rate=c.success_rate,
         )
+
+    def task_success_p(self, task_id: str) -> float:
+        """The simulated chance that `task_id` succeeds (Beta with mean `success_rate`,
+        concentration 2; the same for every session and run with this seed)."""
+        m = self.success_rate
+        if m is None:
+            raise ValueError("no success_rate: MiniDesk's checker rewards the episode")
+        if m in (0.0, 1.0):
+            return m
+        digest = hashlib.sha256(f"{self.seed}/task/{task_id}".encode()).digest()
+        return random.Random(int.from_bytes(digest[:8], "big")).betavariate(2 * m, 2 * (1 - m))
 
     def rng(self, session: str) -> random.Random:
         """The random stream of one session (stable across processes and Python versions)."""
@@ -151,10 +140,13 @@ class LatencyMiniDesk(MiniDeskEnv):
         sleep: bool = True,
     ) -> None:
         super().__init__(config)
-        self.profile = profile if profile is not None else LatencyProfile.from_env()
+        if profile is None:
+            profile = LatencyProfile.from_config(config.latency if config else None)
+        self.profile = profile
         self.session = session if session is not None else session_key(_actor_name())
         self._rng = self.profile.rng(self.session)
         self._sleep = sleep
+        self._task: Task | None = None
         self.latencies: list[tuple[str, float]] = []
         """Every latency drawn so far, as (call, seconds), in order."""
 
@@ -167,8 +159,15 @@ class LatencyMiniDesk(MiniDeskEnv):
 
     def reset(self, task: Task) -> Observation:
         self._wait("reset")
+        self._task = task
         return super().reset(task)
 
     def step(self, action: Action) -> StepResult:
         self._wait("step")
         return super().step(action)
+
+    def evaluate(self) -> float:
+        """MiniDesk's reward, or with a `success_rate` a draw with the task's own chance."""
+        if self.profile.success_rate is None or self._task is None:
+            return super().evaluate()
+        return float(self._rng.random() < self.profile.task_success_p(self._task.task_id))

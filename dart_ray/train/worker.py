@@ -50,6 +50,7 @@ from dart_ray.train.checkpointing import TrainerState, read_trainer_state, save_
 from dart_ray.train.fsdp import comm_device, full_state_dict, shard_model
 from dart_ray.train.learner import Learner, loss_settings
 from dart_ray.train.leases import LeaseKeeper
+from dart_ray.train.timing import timed_step
 from dart_ray.weights import pack, warm_object_store
 
 log = logging.getLogger(__name__)
@@ -324,7 +325,11 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             step += 1  # rank 0 found the step's rows gone: no rank trains it
             continue
         t0 = time.monotonic()
-        metrics = learner.step(shard, version if step == synced_step else None)
+        if c.timing.enabled:  # a simulated run: the step takes a 7B step's time, computes nothing
+            world = dist.get_world_size() if dist.is_initialized() else 1
+            metrics = timed_step(shard, c.timing, world)
+        else:
+            metrics = learner.step(shard, version if step == synced_step else None)
         metrics["step_s"] = time.monotonic() - t0
         metrics.update(_sample_versions(shard))
         if pub is not None:

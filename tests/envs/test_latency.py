@@ -7,7 +7,9 @@ import time
 
 import pytest
 
-from dart_ray.config import EnvConfig
+from pydantic import ValidationError
+
+from dart_ray.config import EnvConfig, EnvLatency
 from dart_ray.envs.base import make_env
 from dart_ray.envs.latency import LatencyMiniDesk, LatencyProfile, Lognormal, session_key
 from dart_ray.envs.minidesk.generate import load_tasks
@@ -27,7 +29,7 @@ def _draws(profile: LatencyProfile, session: str, n: int) -> list[tuple[str, flo
 
 def test_the_shape_is_heavy_tailed_like_osworld() -> None:
     """Lognormal with median m and sigma s: p95 / median = exp(1.645 s). Defaults at scale 1:
-    reset median 15 s, p95 15 * exp(1.645 * 0.7) = 47.5 s (x3.16); step median 2.5 s,
+    reset median 10 s, p95 10 * exp(1.645 * 1.0) = 51.8 s (x5.18); step median 2.5 s,
     p95 2.5 * exp(1.645 * 0.45) = 5.24 s (x2.10). 4000 draws pin the median to ~2-3%."""
     profile = LatencyProfile(scale=0.01)
     draws = _draws(profile, "0", 4000)
@@ -37,9 +39,9 @@ def test_the_shape_is_heavy_tailed_like_osworld() -> None:
     def q(xs: list[float], p: float) -> float:
         return xs[int(p * (len(xs) - 1))]
 
-    assert statistics.median(resets) == pytest.approx(0.15, rel=0.06)
+    assert statistics.median(resets) == pytest.approx(0.10, rel=0.08)
     assert statistics.median(steps) == pytest.approx(0.025, rel=0.06)
-    assert q(resets, 0.95) / q(resets, 0.5) == pytest.approx(3.16, rel=0.12)
+    assert q(resets, 0.95) / q(resets, 0.5) == pytest.approx(5.18, rel=0.15)
     assert q(steps, 0.95) / q(steps, 0.5) == pytest.approx(2.10, rel=0.12)
     # "seconds to a minute" for a reset, "about 1-5 s" for a step, at scale 1, clipped
     assert 0.02 <= resets[0] <= resets[-1] <= 0.90
@@ -70,14 +72,30 @@ def test_it_sleeps_what_it_draws_and_plays_minidesk() -> None:
     assert obs.width == 320 and not result.done and env.evaluate() == 0.0
 
 
-def test_configured_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DART_LATENCY_SCALE", "0.001")
-    monkeypatch.setenv("DART_LATENCY_SEED", "5")
-    monkeypatch.setenv("DART_LATENCY_STEP_MEDIAN", "4")
-    env = make_env(EnvConfig(kind=KIND))
+def test_configured_by_env_latency() -> None:
+    env = make_env(EnvConfig(kind=KIND, latency=EnvLatency(step_median_s=4, scale=0.001, seed=5)))
     assert isinstance(env, LatencyMiniDesk)
     assert env.profile.scale == 0.001 and env.profile.seed == 5
-    assert env.profile.step.median_s == 4.0 and env.profile.reset.median_s == 15.0
-    monkeypatch.setenv("DART_LATENCY_SCALE", "fast")
-    with pytest.raises(ValueError, match="DART_LATENCY_SCALE"):
-        LatencyProfile.from_env()
+    assert env.profile.step.median_s == 4.0 and env.profile.reset.median_s == 10.0
+    assert env.profile.success_rate is None  # MiniDesk's checker decides
+    with pytest.raises(ValidationError, match="reset_lo_s"):
+        EnvLatency(reset_lo_s=100)
+
+
+def test_a_simulated_success_rate_has_easy_and_hard_tasks() -> None:
+    """success_rate m: per task p ~ Beta(2m, 2(1-m)), mean m, the same for a task in every
+    session; episodes of a task succeed at its p (draws come from the session's stream)."""
+    p = LatencyProfile(scale=0.0, success_rate=0.275)
+    ps = [p.task_success_p(f"t{i}") for i in range(4000)]
+    assert statistics.mean(ps) == pytest.approx(0.275, abs=0.015)
+    # Beta(0.55, 1.45): mass near 0 and a tail of easy tasks (var = m(1-m)/3 = 0.0665)
+    assert statistics.pvariance(ps) == pytest.approx(0.275 * 0.725 / 3, rel=0.08)
+    # P(p < 0.05) = 0.24 and P(p > 0.8) = 0.05 for this Beta
+    assert sum(x < 0.05 for x in ps) > 0.2 * len(ps) and sum(x > 0.8 for x in ps) > 0.03 * len(ps)
+    assert p.task_success_p("t1") == LatencyProfile(success_rate=0.275).task_success_p("t1")
+    env = LatencyMiniDesk(EnvConfig(kind=KIND), p, session="0", sleep=False)
+    wins = 0
+    for _ in range(2000):
+        env.reset(TASK)
+        wins += int(env.evaluate())
+    assert wins / 2000 == pytest.approx(p.task_success_p(TASK.task_id), abs=0.04)
