@@ -179,7 +179,7 @@ class EnvSession:
                     self._metrics.record(dt, self._busy, time.monotonic() - self._born)
 
     def _build(self, timeout: float) -> Env:
-        fut = self._pool.submit(make_env, self.config)
+        fut = self._pool.submit(make_env, self.config, self.name)
         try:
             env = fut.result(timeout=timeout)
         except FutureTimeout:
@@ -310,5 +310,11 @@ def session_names(config: EnvConfig, prefix: str = "env") -> list[str]:
 
 
 def start_sessions(config: EnvConfig, prefix: str = "env") -> list[Any]:
-    """`config.num_sessions` sessions named `<prefix>-0`, `<prefix>-1`, ..."""
-    return [start_session(config, name) for name in session_names(config, prefix)]
+    """`config.num_sessions` sessions named `<prefix>-0`, `<prefix>-1`, ...: an actor each, or
+    `env.sessions_per_actor` to an EnvHost actor (actors.env_host)."""
+    names = session_names(config, prefix)
+    if config.sessions_per_actor > 1:
+        from actors.env_host import start_hosts
+
+        return start_hosts(config, names, prefix)
+    return [start_session(config, name) for name in names]

@@ -29,6 +29,7 @@ import ray
 from ray import serve
 from ray.util import metrics
 
+from actors.env_host import resolve_session
 from dart_ray.config import Config
 from dart_ray.engines.base import SamplingParams
 from dart_ray.records import PackedTasks, Status, Trajectory
@@ -126,7 +127,7 @@ class Rollouter:
         self.policy = ServePolicy(serve.get_deployment_handle("PolicyServer", policy_app))
         # names, looked up here (the run passes names: an actor handle among a restartable
         # actor's constructor arguments makes Ray print an E line, ray#53727), or handles
-        sessions = [ray.get_actor(s) if isinstance(s, str) else s for s in sessions]
+        sessions = [resolve_session(s) for s in sessions]
         self.sessions = sessions
         self.idle: asyncio.Queue[Any] = asyncio.Queue()
         for s in sessions:

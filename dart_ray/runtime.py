@@ -26,6 +26,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from actors.control import RunControl
 from actors.curator import NUM_CPUS as CURATOR_CPUS
 from actors.curator import Curator
+from actors.env_host import actors_of, address, host_count
 from actors.env_pool import start_grower
 from actors.env_session import session_names, start_sessions
 from actors.rollouter import NUM_CPUS as ROLLOUTER_CPUS
@@ -71,8 +72,10 @@ def cpu_demand(config: Config) -> dict[str, float]:
     """CPUs each kind of part reserves in Ray (what must fit at once for the run to start)."""
     p, e, t = config.policy, config.env, config.train
     replicas = p.min_replicas if p.autoscaling else p.replicas
+    actors = host_count(e)
+    per = f" ({e.sessions_per_actor} sessions each)" if e.sessions_per_actor > 1 else ""
     return {
-        f"{e.num_sessions} env sessions x env.num_cpus {e.num_cpus:g}": e.num_sessions * e.num_cpus,
+        f"{actors} env actors{per} x env.num_cpus {e.num_cpus:g}": actors * e.num_cpus,
         f"{replicas} policy replicas x policy.num_cpus {p.num_cpus:g}": replicas * p.num_cpus,
         f"{t.num_workers} train workers x train.cpus_per_worker {t.cpus_per_worker:g}": (
             t.num_workers * t.cpus_per_worker
@@ -333,7 +336,12 @@ def start(config: Config) -> Parts:
         route_prefix=f"/{app}",
     )
     sessions = start_sessions(config.env, prefix=f"env-{run_id}")
-    names = session_names(config.env, prefix=f"env-{run_id}")
+    # rollouters find a session by name (a restarted rollouter looks it up again)
+    names = (
+        session_names(config.env, prefix=f"env-{run_id}")
+        if config.env.sessions_per_actor == 1
+        else [address(s) for s in sessions]
+    )
     tasks, heldout = load_suite(config, "train"), _heldout(config)
     parts = Parts(
         config,
@@ -421,7 +429,7 @@ def stop(parts: Parts) -> None:
         except (ray.exceptions.RayError, TimeoutError) as e:  # its sessions die with the job
             log.warning("env pool grower: %s", e)
         ray.kill(parts.grower)
-    for a in [*parts.rollouters, parts.curator, parts.control, *parts.sessions, *grown]:
+    for a in [*parts.rollouters, parts.curator, parts.control, *actors_of(parts.sessions), *grown]:
         ray.kill(a)
     serve.delete(parts.app)
     parts.store.dispose()

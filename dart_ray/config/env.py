@@ -102,7 +102,13 @@ class EnvConfig(Section):
     step_timeout_s: float = Field(default=30.0, gt=0)
     """Seconds a step may take before the session is declared broken."""
     num_cpus: float = Field(default=0.25, gt=0)
-    """CPUs each EnvSession actor reserves (fractional is fine)."""
+    """CPUs each EnvSession actor reserves (fractional is fine); an EnvHost reserves as much
+    for all its sessions."""
+    sessions_per_actor: int = Field(default=1, ge=1)
+    """Sessions one actor holds. 1: an EnvSession actor each (a process per session: right
+    for desktops and browsers that need a core each). More: EnvHost actors of this many
+    sessions, which run their calls in threads; for pools of hundreds or thousands of
+    sessions that wait on remote machines or on simulated latencies (the timing mode)."""
     resource: str | None = "env"
     """Custom Ray resource each session requests (1 unit per session); None to not request one."""
     minidesk: MiniDeskOptions = MiniDeskOptions()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib
 import io
+import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -205,6 +206,20 @@ def resolve(kind: str) -> type[Env]:
     return cls
 
 
-def make_env(config: EnvConfig) -> Env:
-    """Build the environment the config names."""
-    return resolve(config.kind)(config)  # type: ignore[call-arg]
+_building = threading.local()
+
+
+def building_session() -> str | None:
+    """The name of the session whose environment `make_env` is building on this thread (an
+    environment that keys something on its session, like LatencyMiniDesk's random streams,
+    reads it; several sessions may share one process)."""
+    return getattr(_building, "session", None)
+
+
+def make_env(config: EnvConfig, session: str | None = None) -> Env:
+    """Build the environment the config names, for the session named `session`."""
+    _building.session = session
+    try:
+        return resolve(config.kind)(config)  # type: ignore[call-arg]
+    finally:
+        _building.session = None

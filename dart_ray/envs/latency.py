@@ -24,9 +24,9 @@ so some tasks are nearly always solved and some nearly never, as on OSWorld; Min
 checker is not consulted.
 
 Draws are repeatable: each environment has its own random stream, seeded from the base seed
-and its session's index (the trailing number of the EnvSession actor's name, `env-<run>-3`,
-so session 3 draws the same latencies in every run whatever the run id; outside Ray, or
-when given, the `session` argument). Use it with `env.kind =
+and its session's index (the trailing number of the session's name, `env-<run>-3`, so
+session 3 draws the same latencies in every run whatever the run id, whether it has an actor
+of its own or shares an EnvHost; outside Ray, or when given, the `session` argument). Use it with `env.kind =
 "dart_ray.envs.latency:LatencyMiniDesk"` and `env.tasks` pointing at MiniDesk's task files,
 or through the timing mode (`timing.enabled = true`).
 """
@@ -41,9 +41,10 @@ import time
 from dataclasses import dataclass, field
 
 from dart_ray.config import EnvConfig, EnvLatency
-from dart_ray.envs.base import StepResult
+from dart_ray.envs.base import StepResult, building_session
 from dart_ray.envs.minidesk.env import MiniDeskEnv
 from dart_ray.records import Action, Observation, Task
+
 
 @dataclass(frozen=True, slots=True)
 class Lognormal:
@@ -143,7 +144,9 @@ class LatencyMiniDesk(MiniDeskEnv):
         if profile is None:
             profile = LatencyProfile.from_config(config.latency if config else None)
         self.profile = profile
-        self.session = session if session is not None else session_key(_actor_name())
+        if session is None:
+            session = session_key(building_session() or _actor_name())
+        self.session = session
         self._rng = self.profile.rng(self.session)
         self._sleep = sleep
         self._task: Task | None = None

@@ -6,7 +6,6 @@ import statistics
 import time
 
 import pytest
-
 from pydantic import ValidationError
 
 from dart_ray.config import EnvConfig, EnvLatency
@@ -78,6 +77,8 @@ def test_configured_by_env_latency() -> None:
     assert env.profile.scale == 0.001 and env.profile.seed == 5
     assert env.profile.step.median_s == 4.0 and env.profile.reset.median_s == 10.0
     assert env.profile.success_rate is None  # MiniDesk's checker decides
+    # several sessions in one process (an EnvHost): each keys its stream on its own name
+    assert make_env(EnvConfig(kind=KIND), "env-run-7").session == "7"  # type: ignore[attr-defined]
     with pytest.raises(ValidationError, match="reset_lo_s"):
         EnvLatency(reset_lo_s=100)
 
