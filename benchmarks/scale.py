@@ -1,0 +1,310 @@
+"""How many sessions one machine's control plane carries: the timing mode at 64, 256, 1,024.
+
+GUI RL peers run 1,000+ environments. Their desktops live on other machines; what must scale
+on the head node is the control plane: the rollouter that drives every episode, the policy
+server's request path, the session actors, the durable log and the curator. This benchmark
+runs the decoupled timing mode (configs/timing-osworld-7b.toml: every part real, compute
+replaced by the latencies of UI-TARS-1.5-7B on H100s and OSWorld desktops) with N sessions,
+N in `--sessions`, and the modelled hardware grown with N (N / 8 simulated rollout GPUs, the
+trainer's throughput x N / 64: what a cluster for N desktops would have), `--minutes` each, at
+`--scale` (1.0: real time, so the head node sees the request rates of the real regime).
+
+For each N, over the window after `--warmup` seconds (when every session has started):
+
+- **per part**: CPU cores used (user + system time of its processes over the window) and
+  resident memory, grouped by Ray actor class (`ray::Rollouter`, `ray::EnvHost`, the Serve
+  replica, ...) and the Ray processes (raylet, GCS, dashboard) and the driver;
+- **rates**: environment steps/s, policy requests/s (one per step), trajectories/s logged,
+  step samples/s logged; and per session: steps per session-minute, the figure that stays
+  flat while the control plane keeps up and falls where it saturates (reported as a ratio
+  to the smallest N's, measured in the same run);
+- **actors** alive, and the environment utilisation;
+- **saturation**: a part whose one Python process uses >= 0.85 of a core (it cannot use more),
+  or the machine's cores all in use.
+
+Prints a table per N and a summary, writes JSON to benchmarks/results/scale.json. SIMULATED.
+
+    .venv/bin/python benchmarks/scale.py --sessions 64,256,1024 --minutes 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shlex
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import ray
+from ray import serve
+from ray.util.state import list_actors
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from decoupling import Probe, probing
+
+from dart_ray import driver, runtime
+from dart_ray.config import Config, load_config
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+console = Console(width=None if sys.stdout.isatty() else 160)
+SATURATED = 0.85
+"""Cores one Python process can use, near enough: a part at this share of a core is the wall."""
+
+
+def part_of(p: psutil.Process) -> str | None:
+    """The group a process belongs to (None: not part of the run)."""
+    try:
+        cmd = " ".join(p.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+    if p.pid == os.getpid():
+        return "driver"
+    if m := re.match(r"ray::([A-Za-z_]+)(?::([^: ]+))?", cmd):
+        name = m.group(1)
+        return "ray::ServeReplica (policy)" if name == "ServeReplica" else f"ray::{name}"
+    for key in ("raylet", "gcs_server", "dashboard", "log_monitor", "monitor.py"):
+        if key in cmd:
+            return f"ray {key}"
+    return None
+
+
+@dataclass
+class Snapshot:
+    t: float
+    cpu: dict[int, tuple[str, float]] = field(default_factory=dict)
+    """pid -> (part, user + system seconds)."""
+    rss: dict[str, float] = field(default_factory=dict)
+    """part -> resident bytes."""
+    processes: dict[str, int] = field(default_factory=dict)
+
+
+def snapshot() -> Snapshot:
+    s = Snapshot(time.monotonic())
+    rss: dict[str, float] = defaultdict(float)
+    count: dict[str, int] = defaultdict(int)
+    for p in psutil.process_iter():
+        part = part_of(p)
+        if part is None:
+            continue
+        try:
+            t = p.cpu_times()
+            s.cpu[p.pid] = (part, t.user + t.system)
+            rss[part] += p.memory_info().rss
+            count[part] += 1
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    s.rss, s.processes = dict(rss), dict(count)
+    return s
+
+
+def cores(a: Snapshot, b: Snapshot) -> dict[str, dict[str, float]]:
+    """Per part: cores used between the snapshots, and its busiest process's share."""
+    window = b.t - a.t
+    out: dict[str, dict[str, float]] = defaultdict(lambda: {"cores": 0.0, "busiest": 0.0})
+    for pid, (part, cpu) in b.cpu.items():
+        before = a.cpu.get(pid, (part, 0.0))[1]
+        used = max(0.0, cpu - before) / window
+        out[part]["cores"] += used
+        out[part]["busiest"] = max(out[part]["busiest"], used)
+    return dict(out)
+
+
+@dataclass
+class Window:
+    """Snapshots and counters at the start and end of the measured window."""
+
+    warmup_s: float
+    start: Snapshot | None = None
+    end: Snapshot | None = None
+    counters: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def count(self, parts: runtime.Parts) -> dict[str, float]:
+        stats = ray.get([s.stats.remote() for s in parts.sessions])
+        rollouts = ray.get([r.stats.remote() for r in parts.rollouters])
+        return {
+            "t": time.monotonic(),
+            "steps": float(sum(s.steps for s in stats)),
+            "resets": float(sum(s.resets for s in stats)),
+            "trajectories": float(sum(sum(r.logged.values()) for r in rollouts)),
+            "episode_s": float(sum(r.episode_s for r in rollouts)),
+        }
+
+    def tick(self, parts: runtime.Parts, t0: float) -> None:
+        if self.start is None and time.monotonic() - t0 >= self.warmup_s:
+            self.counters["start"] = self.count(parts)
+            self.start = snapshot()
+            console.log(f"{len(parts.sessions)} sessions: measuring from here")
+
+    def close(self, parts: runtime.Parts) -> None:
+        if self.start is not None:
+            self.counters["end"] = self.count(parts)
+            self.end = snapshot()
+
+
+def make_config(args: argparse.Namespace, n: int, root: Path, index: int) -> Config:
+    gpus = max(1, n // 8)
+    base = load_config(args.config, [])
+    overrides = [
+        "run.mode=decoupled",
+        f'run.run_id="scale-{n}-{time.strftime("%Y%m%d-%H%M%S")}"',
+        f'run.root_dir="{root / str(n)}"',
+        f"run.max_minutes={args.minutes + args.warmup / 60}",
+        "timing.enabled=true",
+        f"timing.scale={args.scale}",
+        f"timing.rollout_gpus={gpus}",
+        f"timing.train_tokens_per_s={base.timing.train_tokens_per_s * n / 64}",
+        f"env.num_sessions={n}",
+        f"env.sessions_per_actor={args.per_actor}",
+        f"rollout.in_flight={n}",
+        f"policy.max_ongoing_requests={max(256, 2 * n)}",
+        f"policy.http_port={args.port + index}",
+        *args.set,
+    ]
+    return load_config(args.config, overrides)
+
+
+def run_one(args: argparse.Namespace, n: int, root: Path, index: int) -> dict[str, Any]:
+    cfg = make_config(args, n, root, index)
+    win, probe = Window(args.warmup), Probe()
+    console.rule(f"{n} sessions (SIMULATED, timing.scale {args.scale})")
+    t0 = time.monotonic()
+    original = runtime.stop
+
+    def stop(parts: runtime.Parts) -> None:
+        try:
+            win.close(parts)
+            actors = len(list_actors(filters=[("state", "=", "ALIVE")], limit=100_000))
+            win.counters["actors"] = {"alive": float(actors)}
+        finally:
+            original(parts)
+
+    try:
+        runtime.stop = stop  # type: ignore[assignment]
+        with probing(probe):
+            report = driver.train(cfg, on_tick=lambda parts: win.tick(parts, t0))
+    finally:
+        runtime.stop = original  # type: ignore[assignment]
+        serve.shutdown()
+        ray.shutdown()
+    if win.start is None or win.end is None:
+        raise SystemExit(f"{n} sessions: the run ended before the window (raise --minutes)")
+    a, b = win.counters["start"], win.counters["end"]
+    window = b["t"] - a["t"]
+    used = cores(win.start, win.end)
+    steps_s = (b["steps"] - a["steps"]) / window
+    total = sum(u["cores"] for u in used.values())
+    saturated = [k for k, u in used.items() if u["busiest"] >= SATURATED]
+    if total >= SATURATED * (os.cpu_count() or 1):
+        saturated.append(f"the machine ({total:.2f} of {os.cpu_count()} cores)")
+    return {
+        "sessions": n,
+        "window_s": window,
+        "steps_per_s": steps_s,
+        "policy_requests_per_s": steps_s,  # one generation per step
+        "trajectories_per_s": (b["trajectories"] - a["trajectories"]) / window,
+        "steps_per_session_minute": 60 * steps_s / n,
+        "env_utilisation": (b["episode_s"] - a["episode_s"]) / (n * window),
+        "actors_alive": int(win.counters["actors"]["alive"]),
+        "cores_total": total,
+        "parts": {
+            k: {
+                "cores": u["cores"],
+                "busiest_process_cores": u["busiest"],
+                "rss_mb": win.end.rss.get(k, 0.0) / 2**20,
+                "processes": win.end.processes.get(k, 0),
+            }
+            for k, u in sorted(used.items(), key=lambda kv: -kv[1]["cores"])
+        },
+        "saturated": saturated,
+        "train_steps": report.train_steps,
+        "trajectories": sum(report.trajectories.values()),
+        "dropped": report.dropped,
+    }
+
+
+def render(results: dict[str, Any]) -> None:
+    runs = results["runs"]
+    base = runs[0]["steps_per_session_minute"] or 1.0
+    t = Table(
+        title=f"SIMULATED: sessions one head node drives (timing.scale {results['args']['scale']})"
+    )
+    for c in ("sessions", "steps/s", "steps / session-min (vs first)", "traj/s", "env util",
+              "actors", "cores", "env cores / 100 sessions", "env MB / session", "saturated"):  # fmt: skip
+        t.add_column(c, justify="right" if c != "saturated" else "left")
+    for r in runs:
+        env = r["parts"].get("ray::EnvHost") or r["parts"].get("ray::EnvSession") or {}
+        t.add_row(
+            str(r["sessions"]),
+            f"{r['steps_per_s']:.1f}",
+            f"{r['steps_per_session_minute']:.1f} ({r['steps_per_session_minute'] / base:.2f})",
+            f"{r['trajectories_per_s']:.2f}",
+            f"{r['env_utilisation']:.1%}",
+            str(r["actors_alive"]),
+            f"{r['cores_total']:.2f}",
+            f"{100 * env.get('cores', 0.0) / r['sessions']:.3f}",
+            f"{env.get('rss_mb', 0.0) / r['sessions']:.1f}",
+            ", ".join(r["saturated"]) or "-",
+        )
+    console.print(t)
+    for r in runs:
+        p = Table(title=f"{r['sessions']} sessions: cores and memory by part")
+        for c in ("part", "cores", "busiest process", "RSS MB", "processes"):
+            p.add_column(c, justify="left" if c == "part" else "right")
+        for k, v in r["parts"].items():
+            p.add_row(k, f"{v['cores']:.3f}", f"{v['busiest_process_cores']:.3f}",
+                      f"{v['rss_mb']:.0f}", str(v["processes"]))  # fmt: skip
+        console.print(p)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sessions", default="64,256,1024", help="comma-separated session counts")
+    p.add_argument("--minutes", type=float, default=3.0, help="measured window of each")
+    p.add_argument("--warmup", type=float, default=60.0, help="seconds before the window")
+    p.add_argument("--scale", type=float, default=1.0, help="timing.scale")
+    p.add_argument("--per-actor", type=int, default=64, help="env.sessions_per_actor")
+    p.add_argument("--config", type=Path, default=REPO_ROOT / "configs/timing-osworld-7b.toml")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--port", type=int, default=8260, help="policy HTTP port of the first run")
+    p.add_argument("--root", type=Path, default=None, help="run folders (default: a temp dir)")
+    p.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks/results/scale.json")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    command = shlex.join(sys.orig_argv)
+    console.print(f"[bold]command:[/] {command}")
+    root = args.root or Path(tempfile.mkdtemp(prefix="dart-ray-scale-"))
+    t0 = time.perf_counter()
+    counts = [int(x) for x in args.sessions.split(",") if x.strip()]
+    results: dict[str, Any] = {
+        "simulated": True,
+        "command": command,
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
+        f"{psutil.virtual_memory().total / 2**30:.0f} GiB, load {os.getloadavg()}",
+        "runs": [run_one(args, n, root, i) for i, n in enumerate(counts)],
+    }
+    results["total_runtime_s"] = time.perf_counter() - t0
+    render(results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    console.print(f"wrote {args.out}; total {results['total_runtime_s']:.0f} s; runs in {root}")
+    console.print(f"[bold]command:[/] {command}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

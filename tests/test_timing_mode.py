@@ -1,0 +1,61 @@
+"""The decoupling benchmark at its test size, in the timing mode (marker `slow`, on the
+session's Ray): both modes run every real part with compute replaced by latencies, and the
+run's behaviour is checked, never its speed: each mode trains and publishes, says SIMULATED,
+loses and replays nothing (the audit), trains no sample staler than the bound, and the
+decoupled mode keeps its environments busier than the synchronous one (the design's point:
+the synchronous mode's sessions wait for every train step)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.usefixtures("ray_local")]
+
+
+def _benchmark() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("decoupling", REPO / "benchmarks/decoupling.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_timing_mode_benchmark_runs_both_modes_correctly(tmp_path: Path) -> None:
+    out = tmp_path / "decoupling.json"
+    rc = _benchmark().main(
+        [
+            "--minutes", "0.6",
+            "--scale", "0.02",
+            "--sessions", "8",
+            "--same-ray",
+            "--port", "8150",
+            "--root", str(tmp_path / "runs"),
+            "--out", str(out),
+            "--set", "env.sessions_per_actor=4",
+            "--set", "rollout.n_rollouts=4",
+            "--set", "rollout.max_steps=5",
+            "--set", "curation.group_size=4",
+            "--set", "curation.groups_per_step=2",
+            "--set", "curation.group_timeout_s=10",
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert r["simulated"] is True
+    runs = {m["mode"]: m for m in r["modes"]}
+    for mode, m in runs.items():
+        assert m["report"]["simulated"] is True, mode
+        assert m["train_steps"] >= 1 and m["versions"] >= 1, (mode, m["report"])
+        assert m["audit_ok"], (mode, m["audit_breaches"])
+        assert m["staleness_max"] <= m["max_staleness"], mode
+        assert 0 < m["rollout_utilisation"] <= 1, mode
+        assert m["watchdog_fired_at_s"] is None, mode
+    for key in ("env_utilisation_ratio", "rollout_utilisation_ratio", "samples_per_hour_ratio"):
+        assert isinstance(r[key], float), key
+    assert runs["decoupled"]["env_utilisation"] > runs["sync"]["env_utilisation"]
