@@ -34,7 +34,7 @@ def test_the_timing_mode_benchmark_runs_both_modes_correctly(tmp_path: Path) -> 
             "--scale", "0.02",
             "--sessions", "8",
             "--same-ray",
-            "--port", "8150",
+            "--port", "8170",
             "--root", str(tmp_path / "runs"),
             "--out", str(out),
             "--set", "env.sessions_per_actor=4",
