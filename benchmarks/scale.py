@@ -19,6 +19,9 @@ For each N, over the window after `--warmup` seconds (when every session has sta
   flat while the control plane keeps up and falls where it saturates (reported as a ratio
   to the smallest N's, measured in the same run);
 - **actors** alive, and the environment utilisation;
+
+The window closes before the run's budget ends, so the wind-down (episodes in flight
+finishing while none start) is not measured;
 - **saturation**: a part whose one Python process uses >= 0.85 of a core (it cannot use more),
   or the machine's cores all in use.
 
@@ -140,14 +143,22 @@ class Window:
             "episode_s": float(sum(r.episode_s for r in rollouts)),
         }
 
+    window_s: float = 180.0
+
     def tick(self, parts: runtime.Parts, t0: float) -> None:
-        if self.start is None and time.monotonic() - t0 >= self.warmup_s:
+        """Open the window after the warm-up, close it `window_s` later: while every session
+        is still driven (the run's wind-down, when episodes finish and none start, is out)."""
+        now = time.monotonic() - t0
+        if self.start is None and now >= self.warmup_s:
             self.counters["start"] = self.count(parts)
             self.start = snapshot()
             console.log(f"{len(parts.sessions)} sessions: measuring from here")
+        elif self.start is not None and self.end is None and now >= self.warmup_s + self.window_s:
+            self.close(parts)
+            console.log(f"{len(parts.sessions)} sessions: window closed")
 
     def close(self, parts: runtime.Parts) -> None:
-        if self.start is not None:
+        if self.start is not None and self.end is None:
             self.counters["end"] = self.count(parts)
             self.end = snapshot()
 
@@ -159,7 +170,7 @@ def make_config(args: argparse.Namespace, n: int, root: Path, index: int) -> Con
         "run.mode=decoupled",
         f'run.run_id="scale-{n}-{time.strftime("%Y%m%d-%H%M%S")}"',
         f'run.root_dir="{root / str(n)}"',
-        f"run.max_minutes={args.minutes + args.warmup / 60}",
+        f"run.max_minutes={args.minutes + args.warmup / 60 + 0.25}",
         "timing.enabled=true",
         f"timing.scale={args.scale}",
         f"timing.rollout_gpus={gpus}",
@@ -176,7 +187,7 @@ def make_config(args: argparse.Namespace, n: int, root: Path, index: int) -> Con
 
 def run_one(args: argparse.Namespace, n: int, root: Path, index: int) -> dict[str, Any]:
     cfg = make_config(args, n, root, index)
-    win, probe = Window(args.warmup), Probe()
+    win, probe = Window(args.warmup, window_s=60 * args.minutes), Probe()
     console.rule(f"{n} sessions (SIMULATED, timing.scale {args.scale})")
     t0 = time.monotonic()
     original = runtime.stop
