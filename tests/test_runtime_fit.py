@@ -27,7 +27,10 @@ def _config(*overrides: str):  # type: ignore[no-untyped-def]
 def test_cpu_demand_adds_every_part() -> None:
     demand = runtime.cpu_demand(_config())
     assert sum(demand.values()) == pytest.approx(32 * 0.1 + 0.5 + 0.5 + 0.1 + 0.25)
-    assert "32 env sessions x env.num_cpus 0.1" in demand
+    assert "32 env actors x env.num_cpus 0.1" in demand
+    # sessions hosted 16 to an actor reserve CPUs per actor
+    hosted = runtime.cpu_demand(_config("env.sessions_per_actor=16"))
+    assert hosted["2 env actors (16 sessions each) x env.num_cpus 0.1"] == pytest.approx(0.2)
 
 
 def test_too_many_sessions_for_a_local_ray_is_a_config_error(monkeypatch) -> None:  # type: ignore[no-untyped-def]
