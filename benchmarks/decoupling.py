@@ -216,10 +216,6 @@ def make_config(args: argparse.Namespace, mode: str, index: int, root: Path) -> 
     return cfg
 
 
-def staleness_dropped(report: dict[str, Any]) -> int:
-    return int(report["dropped"].get("stale", 0))
-
-
 def steady_samples_per_s(steps: list[tuple[float, float]]) -> float | None:
     """Samples trained per second between the end of the first train step and the end of the
     last: the rate of a long run, without the start-up both modes pay once (sessions, the
@@ -273,7 +269,7 @@ def run_mode(args: argparse.Namespace, mode: str, index: int, root: Path) -> dic
         "versions": report.versions,
         "staleness": report.staleness,
         "dropped": report.dropped,
-        "dropped_stale": staleness_dropped(report.to_json()),
+        "dropped_stale": int(report.dropped.get("stale", 0)),
         "staleness_max": probe.staleness_max,
         "max_staleness": cfg.curation.max_staleness,
         "audit_ok": checked.ok,
