@@ -95,6 +95,7 @@ def samples(n: int, prompt: int, response: int, with_images: bool) -> pa.RecordB
         rows["loss_mask"].append([1] * r)
         rows["advantage"].append(float(rng.normal()))
         rows["images"].append([png] if with_images else [])
+        rows["token_versions"].append([])
     return pa.RecordBatch.from_pydict(rows, schema=SAMPLE_SCHEMA)
 
 

@@ -23,7 +23,15 @@ Reported per mode, and as ratios decoupled / sync (JSON keys `env_utilisation_ra
 - trained samples per hour of the modelled regime (samples through an optimizer step over
   wall time / timing.scale);
 - the staleness histogram of the rows the curator claimed (versions behind), rows dropped as
-  too stale, and the audit (`dart-ray audit`): no row lost or trained twice.
+  too stale, and the audit (`dart-ray audit`): no row lost or trained twice;
+- what weight updates cost rollout: the mean time an update waited for the generations in
+  flight and held new ones off, and the trained tokens by versions behind (each token's own
+  version, `RunReport.token_staleness`).
+
+A third mode, `partial` (`--modes decoupled,partial,sync`), is the decoupled mode with partial
+rollouts (`policy.interrupt_on_update`): an update lands at the next token boundary of the
+responses in flight instead of waiting for them to finish. Its figures are compared with the
+decoupled mode's under `partial_vs_decoupled`.
 
 Between the modes Serve and Ray are shut down, so each starts on a fresh local Ray. The
 rollouter and session statistics are read just before the driver tears the parts down (a
@@ -195,10 +203,20 @@ def ticker(probe: Probe, t0: float, every_s: float = 30.0) -> Callable[[runtime.
     return tick
 
 
+MODES = {
+    "decoupled": ["run.mode=decoupled"],
+    "sync": ["run.mode=sync"],
+    "partial": ["run.mode=decoupled", "policy.interrupt_on_update=true"],
+}
+"""Each benchmark mode's config: `partial` is decoupled with partial rollouts."""
+
+
 def make_config(args: argparse.Namespace, mode: str, index: int, root: Path) -> Config:
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    if mode not in MODES:
+        raise SystemExit(f"unknown mode {mode!r}: choose from {', '.join(MODES)}")
     overrides = [
-        f"run.mode={mode}",
+        *MODES[mode],
         f'run.run_id="decoupling-{mode}-{stamp}"',
         f'run.root_dir="{root / mode}"',
         f"run.max_minutes={args.minutes}",
@@ -272,6 +290,10 @@ def run_mode(args: argparse.Namespace, mode: str, index: int, root: Path) -> dic
         "dropped_stale": int(report.dropped.get("stale", 0)),
         "staleness_max": probe.staleness_max,
         "max_staleness": cfg.curation.max_staleness,
+        "token_staleness": report.token_staleness,
+        "token_lag_mean": mean_lag(report.token_staleness),
+        "update_wait_s": report.update_wait_s,
+        "update_blocked_s": report.update_blocked_s,
         "audit_ok": checked.ok,
         "audit_breaches": checked.breaches,
         "watchdog_fired_at_s": fired.get("at_s"),
@@ -291,6 +313,32 @@ RATIO_KEYS = (
 )
 
 
+def mean_lag(hist: dict[str, int]) -> float | None:
+    """Mean versions behind of a {versions behind: tokens} histogram."""
+    n = sum(hist.values())
+    return sum(int(k) * v for k, v in hist.items()) / n if n else None
+
+
+PARTIAL_KEYS = (
+    "update_wait_s",
+    "update_blocked_s",
+    "token_lag_mean",
+    "rollout_utilisation",
+    "env_utilisation",
+    "samples_per_hour",
+    "steady_samples_per_hour",
+)
+
+
+def partial_vs_decoupled(p: dict[str, Any], d: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each `PARTIAL_KEYS` figure with partial rollouts, without, and their ratio."""
+    out = {}
+    for k in PARTIAL_KEYS:
+        a, b = p.get(k), d.get(k)
+        out[k] = {"partial": a, "decoupled": b, "ratio": a / b if a is not None and b else None}
+    return out
+
+
 def ratios(d: dict[str, Any], s: dict[str, Any]) -> dict[str, float | None]:
     """decoupled / sync of each figure, keyed `<figure>_ratio`."""
     return {f"{k}_ratio": d[k] / s[k] if s[k] else None for k in RATIO_KEYS}
@@ -308,12 +356,12 @@ def verdict(runs: dict[str, dict[str, Any]], rt: dict[str, float | None]) -> dic
 
 def render(results: dict[str, Any]) -> None:
     runs = {m["mode"]: m for m in results["modes"]}
-    d, s = runs.get("decoupled"), runs.get("sync")
+    shown = [m for m in MODES if m in runs]
     rt = results.get("ratios", {})
     a = results["args"]
-    t = Table(title=f"SIMULATED: decoupled vs sync in DART-GUI's regime, {a['minutes']} min "
+    t = Table(title=f"SIMULATED: {' vs '.join(shown)} in DART-GUI's regime, {a['minutes']} min "
                     f"each at timing.scale {a['scale']}, {a['sessions']} sessions")  # fmt: skip
-    for c in ("metric", "decoupled", "sync", "decoupled / sync", "DART-GUI", "target"):
+    for c in ("metric", *shown, "decoupled / sync", "DART-GUI", "target"):
         t.add_column(c, justify="left" if c == "metric" else "right")
 
     def pct(v: float) -> str:
@@ -321,6 +369,12 @@ def render(results: dict[str, Any]) -> None:
 
     def num(v: float) -> str:
         return f"{v:,.0f}"
+
+    def secs(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f}"
+
+    def hist(v: dict[str, int]) -> str:
+        return ", ".join(f"{k}: {n}" for k, n in v.items()) or "-"
 
     def ref(k: str, table: dict[str, float]) -> str:
         return f"{table[k]:g}x" if k in table else ""
@@ -336,8 +390,12 @@ def render(results: dict[str, Any]) -> None:
         ("train steps", "train_steps", num),
         ("rows dropped as too stale", "dropped_stale", num),
         ("most versions a trained sample was behind", "staleness_max", num),
-        ("staleness of claimed rows (versions: rows)", "staleness",
-         lambda v: ", ".join(f"{k}: {n}" for k, n in v.items()) or "-"),
+        ("staleness of claimed rows (versions: rows)", "staleness", hist),
+        ("trained tokens by versions behind", "token_staleness", hist),
+        ("  mean versions behind per token", "token_lag_mean",
+         lambda v: "-" if v is None else f"{v:.3f}"),
+        ("update waits for generations, s (mean)", "update_wait_s", secs),
+        ("update holds off new generations, s (mean)", "update_blocked_s", secs),
         ("audit (nothing lost or trained twice)", "audit_ok", lambda v: "ok" if v else "BREACH"),
         ("wall time, s (modelled)", "wall_s", lambda v: f"{v:.0f} ({v / a['scale']:.0f})"),
     ]  # fmt: skip
@@ -346,8 +404,7 @@ def render(results: dict[str, Any]) -> None:
         ratio = "" if rk not in rt else "-" if rt[rk] is None else f"{rt[rk]:.2f}x"
         t.add_row(
             label,
-            fmt(d[key]) if d else "-",
-            fmt(s[key]) if s else "-",
+            *(fmt(runs[m][key]) for m in shown),
             ratio,
             ref(rk, DART_GUI),
             f">= {TARGETS[rk]:g}x" if rk in TARGETS else "",
@@ -357,6 +414,9 @@ def render(results: dict[str, Any]) -> None:
         console.print(
             f"  {k}" if k.startswith("no verdict") else f"  {k}: {'met' if v else 'NOT met'}"
         )
+    for k, v in results.get("partial_vs_decoupled", {}).items():
+        ratio = "-" if v["ratio"] is None else f"{v['ratio']:.2f}x"
+        console.print(f"  partial / decoupled {k}: {ratio}")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -364,7 +424,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--minutes", type=float, default=6.0, help="wall budget of each mode")
     p.add_argument("--scale", type=float, default=0.1, help="timing.scale")
     p.add_argument("--sessions", type=int, default=64, help="env sessions (and in flight)")
-    p.add_argument("--modes", default="decoupled,sync")
+    p.add_argument("--modes", default="decoupled,sync",
+                   help=f"comma-separated, of {', '.join(MODES)} (partial: partial rollouts)")  # fmt: skip
     p.add_argument("--config", type=Path, default=REPO_ROOT / "configs/timing-osworld-7b.toml")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra config override, applied to both modes")  # fmt: skip
@@ -418,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
         results["ratios"] = rt
         results.update({k: rt[k] for k in TARGETS})  # the headline keys at the top level
         results["verdict"] = verdict(runs, rt)
+    if {"decoupled", "partial"} <= set(runs):
+        results["partial_vs_decoupled"] = partial_vs_decoupled(runs["partial"], runs["decoupled"])
     results["total_runtime_s"] = time.perf_counter() - t0
     results["machine"] += f" -> {os.getloadavg()}"
     render(results)

@@ -164,13 +164,12 @@ def cmd_report(args: argparse.Namespace, out: Console) -> int:
     import dataclasses
 
     from dart_ray.plots import wilson
-    from dart_ray.report import (
-        RunReport,
+    from dart_ray.report import RunReport, heldout_line
+    from dart_ray.report_figures import (
         band_width,
         draw_curve,
         draw_system_figure,
         eval_point,
-        heldout_line,
         heldout_points,
         sampled_points,
     )

@@ -148,6 +148,9 @@ class Step:
     """Per-token entropy of the sampling distribution (may be empty for engines without it)."""
     num_images: int = 1
     """Screenshots in this step's prompt: those of steps (step_idx - num_images, step_idx]."""
+    token_versions: Sequence[int] = ()
+    """The version that sampled each response token where a weight update landed mid-response
+    (partial rollouts); empty when every token is `weight_version`'s, which is the oldest."""
 
     def __post_init__(self) -> None:
         if len(self.behaviour_logprobs) != len(self.response_ids):
@@ -158,6 +161,11 @@ class Step:
         if self.entropy and len(self.entropy) != len(self.response_ids):
             raise ValueError(
                 f"step {self.step_idx}: {len(self.entropy)} entropies for "
+                f"{len(self.response_ids)} response tokens"
+            )
+        if self.token_versions and len(self.token_versions) != len(self.response_ids):
+            raise ValueError(
+                f"step {self.step_idx}: {len(self.token_versions)} token versions for "
                 f"{len(self.response_ids)} response tokens"
             )
 
@@ -200,7 +208,11 @@ class Trajectory:
 
     @property
     def max_version(self) -> int:
-        return max((s.weight_version for s in self.steps), default=self.start_version)
+        """The newest weight version that sampled a token in this episode."""
+        return max(
+            (max(s.token_versions, default=s.weight_version) for s in self.steps),
+            default=self.start_version,
+        )
 
     def with_status(self, status: Status, error: str | None = None) -> Trajectory:
         return replace(self, status=status, error=error)
@@ -230,6 +242,7 @@ STEP_SCHEMA = pa.schema(
         ("response_ids", pa.list_(pa.int32())),
         ("behaviour_logprobs", pa.list_(pa.float32())),
         ("entropy", pa.list_(pa.float32())),
+        ("token_versions", pa.list_(pa.int64())),
         ("num_images", pa.int16()),
         ("response_text", pa.string()),
         ("action", ACTION_TYPE),
@@ -239,6 +252,8 @@ STEP_SCHEMA = pa.schema(
 """One row per step; trajectory fields live in the metadata key `TRAJECTORY_META_KEY`."""
 
 TRAJECTORY_META_KEY = b"dart_ray.trajectory"
+OPTIONAL_STEP_COLUMNS = frozenset({"token_versions"})
+"""Columns added since blobs were first written: a blob without them still reads."""
 
 SAMPLE_SCHEMA = pa.schema(
     [
@@ -252,6 +267,7 @@ SAMPLE_SCHEMA = pa.schema(
         ("loss_mask", pa.list_(pa.int8())),
         ("advantage", pa.float32()),
         ("images", pa.list_(pa.binary())),
+        ("token_versions", pa.list_(pa.int64())),
     ]
 )
 """One row per step sample, as the curator packs them for a trainer rank."""
@@ -322,6 +338,7 @@ def trajectory_to_table(t: Trajectory) -> pa.Table:
         cols["response_ids"].append(list(s.response_ids))
         cols["behaviour_logprobs"].append(list(s.behaviour_logprobs))
         cols["entropy"].append(list(s.entropy))
+        cols["token_versions"].append(list(s.token_versions))
         cols["num_images"].append(s.num_images)
         cols["response_text"].append(s.response_text)
         cols["action"].append(_action_to_dict(s.action))
@@ -335,7 +352,7 @@ def trajectory_from_table(table: pa.Table) -> Trajectory:
     meta = table.schema.metadata or {}
     if TRAJECTORY_META_KEY not in meta:
         raise ValueError(f"not a dart-ray trajectory table: no {TRAJECTORY_META_KEY!r} metadata")
-    missing = set(STEP_SCHEMA.names) - set(table.schema.names)
+    missing = set(STEP_SCHEMA.names) - set(table.schema.names) - OPTIONAL_STEP_COLUMNS
     if missing:
         raise ValueError(f"trajectory table lacks columns {sorted(missing)}")
     m = json.loads(meta[TRAJECTORY_META_KEY])
@@ -346,6 +363,7 @@ def trajectory_from_table(table: pa.Table) -> Trajectory:
             response_ids=tuple(row["response_ids"]),
             behaviour_logprobs=tuple(row["behaviour_logprobs"]),
             entropy=tuple(row["entropy"]),
+            token_versions=tuple(row.get("token_versions") or ()),
             num_images=row["num_images"],
             weight_version=row["weight_version"],
             response_text=row["response_text"],

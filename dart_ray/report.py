@@ -14,7 +14,7 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,15 +22,10 @@ import ray
 from rich.console import Console
 from rich.table import Table
 
+from dart_ray.data.batches import TOKEN_LAG
 from dart_ray.evaluate import EvalResult
-from dart_ray.plots import (
-    Point,
-    bands,
-    delta_interval,
-    draw_learning_curve,
-    draw_system,
-    utilisation,
-)
+from dart_ray.plots import delta_interval
+from dart_ray.report_figures import draw_curve, draw_system_figure, heldout_points
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +78,15 @@ class RunReport:
     times describe the modelled regime, not this machine, and its policy did not learn."""
     rollout_utilisation: float | None = None
     """The policy replicas' accelerators' busy fraction (simulated GPUs in the timing mode)."""
+    token_staleness: dict[str, int] = field(default_factory=dict)
+    """Response tokens trained (rank 0's shards), by how many versions they were behind the
+    weights that trained them: each token's own version under partial rollouts."""
+    update_wait_s: float | None = None
+    """Mean seconds a weight update waited, per replica, for the generations in flight: to
+    finish (drain) or to pause at a token boundary (`policy.interrupt_on_update`)."""
+    update_blocked_s: float | None = None
+    """Mean seconds, per update and replica, new generations were held off (the wait above
+    plus the load)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -213,22 +217,44 @@ def build_report(
         ],
         sync_latency=[[h["version"], h["sync_s"]] for h in history if "sync_s" in h],
         simulated=parts.config.timing.enabled,
-        rollout_utilisation=rollout_utilisation(parts),
+        token_staleness=token_staleness(history),
+        **rollout_stats(parts),
     )
     write(report, history, parts.run_dir, parts.store.log.episode_intervals(parts.run_id))
     return report
 
 
-def rollout_utilisation(parts: Parts) -> float | None:
-    """Busy GPU-seconds over GPU-seconds of every policy replica (None if none answers)."""
+def token_staleness(history: list[dict[str, float]]) -> dict[str, int]:
+    """Trained response tokens by versions behind, summed over the train steps."""
+    out: dict[int, int] = {}
+    for h in history:
+        for k, n in h.items():
+            if k.startswith(TOKEN_LAG):
+                lag = int(k.removeprefix(TOKEN_LAG))
+                out[lag] = out.get(lag, 0) + int(n)
+    return {str(k): out[k] for k in sorted(out)}
+
+
+def rollout_stats(parts: Parts) -> dict[str, float | None]:
+    """From every policy replica: the busy GPU-seconds over GPU-seconds
+    (`rollout_utilisation`) and the mean update wait and block per update
+    (`update_wait_s`, `update_blocked_s`); None where no replica answers."""
+    out: dict[str, float | None] = dict.fromkeys(
+        ("rollout_utilisation", "update_wait_s", "update_blocked_s")
+    )
     try:
         results = parts.policy.broadcast("utilisation").results()
     except Exception as e:  # a report never fails for a figure
         log.warning("rollout utilisation: %s", e)
-        return None
+        return out
     busy = sum(u["gpu_busy_s"] for u in results)
     capacity = sum(u["gpus"] * u["alive_s"] for u in results)
-    return busy / capacity if capacity else None
+    out["rollout_utilisation"] = busy / capacity if capacity else None
+    updates = sum(u.get("updates", 0.0) for u in results)
+    if updates:
+        out["update_wait_s"] = sum(u["update_wait_s"] for u in results) / updates
+        out["update_blocked_s"] = sum(u["update_blocked_s"] for u in results) / updates
+    return out
 
 
 def write(
@@ -256,101 +282,6 @@ def write(
                 tb.add_scalar(
                     f"heldout/success_{name}", value, 0 if name == "before" else len(history)
                 )
-
-
-def eval_point(summary: dict[str, Any]) -> Point:
-    """A `dart-ray eval --json` summary as a held-out point: the version is read from the
-    checkpoint folder's name (`v<N>`; a warm start outside a run counts as version 0)."""
-    import re
-
-    m = re.search(r"(?:^|/)v(\d+)/?$", str(summary.get("checkpoint", "")))
-    n = int(summary["tasks"])
-    return Point(int(m.group(1)) if m else 0, round(float(summary["success"]) * n), n)
-
-
-def heldout_points(report: RunReport, extra: Sequence[Point] = ()) -> list[Point]:
-    """Held-out success at the start version and at the final one, plus `extra` points
-    (evaluations of intermediate checkpoints), in version order."""
-    n = report.heldout_tasks
-    out = list(extra)
-    for version, rate in (
-        (report.start_version, report.heldout_before),
-        (max(report.versions, report.policy_version), report.heldout_after),
-    ):
-        if rate is not None and n:
-            out.append(Point(version, round(rate * n), n))
-    return sorted(out, key=lambda p: p.version)
-
-
-def band_width(report: RunReport) -> int:
-    """Versions per band of the sampled-success curve: about 12 bands over the run."""
-    return max(1, (max((v for v, _, _ in report.sampled), default=0) + 1) // 12)
-
-
-def sampled_points(report: RunReport) -> list[Point]:
-    """Sampled success per band of `band_width` versions."""
-    return bands({v: (k, n) for v, k, n in report.sampled}, band_width(report))
-
-
-def draw_curve(
-    report: RunReport,
-    out: Path,
-    step_versions: list[float] | None = None,
-    evals: Sequence[Point] = (),
-) -> Path:
-    """The two-panel learning figure (`dart_ray.plots`); `step_versions` place the per-step
-    mean rewards (their versions; default: spread over the run's versions); `evals` are
-    more held-out points."""
-    rewards = report.rewards
-    xs = step_versions or [
-        report.versions * (i + 1) / max(len(rewards), 1) for i in range(len(rewards))
-    ]
-    return draw_learning_curve(
-        out,
-        f"run {report.run_id} ({report.mode})",
-        heldout_points(report, evals),
-        sampled_points(report),
-        list(zip(xs, rewards, strict=False)),
-    )
-
-
-def draw_system_figure(
-    report: RunReport, episodes: Sequence[tuple[datetime, datetime]], out: Path, bins: int = 30
-) -> Path:
-    """`system.png` (`dart_ray.plots.draw_system`): utilisation over time from the log's
-    episode times (the database's clock, taken as UTC) and the trainer's step times, the
-    staleness histogram and the weight-sync latencies of the report."""
-    env = [(_unix(a), _unix(b)) for a, b in episodes]
-    spans = env + [(a, b) for a, b in report.trainer_busy]
-    t0 = min((a for a, _ in spans), default=0.0)
-    t1 = max((b for _, b in spans), default=0.0)
-
-    def minutes(series: list[tuple[float, float]]) -> list[tuple[float, float]]:
-        return [((t - t0) / 60, u) for t, u in series]
-
-    trainer = [(a, b) for a, b in report.trainer_busy]
-    return draw_system(
-        out,
-        f"run {report.run_id} ({report.mode})",
-        minutes(utilisation(env, max(report.sessions, _peak(env)), t0, t1, bins)) if env else [],
-        minutes(utilisation(trainer, 1, t0, t1, bins)) if trainer else [],
-        {int(k): n for k, n in report.staleness.items()},
-        [(v, sec) for v, sec in report.sync_latency],
-    )
-
-
-def _peak(intervals: Sequence[tuple[float, float]]) -> int:
-    """Most intervals open at once (a report without its session count: an older run's)."""
-    edges = sorted([(a, 1) for a, _ in intervals] + [(b, -1) for _, b in intervals])
-    peak = open_ = 0
-    for _, d in edges:
-        open_ += d
-        peak = max(peak, open_)
-    return max(peak, 1)
-
-
-def _unix(t: datetime) -> float:
-    return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
 
 
 def heldout_line(report: RunReport) -> str:
@@ -397,6 +328,16 @@ def render(report: RunReport, console: Console) -> None:
         "weight syncs (mean / max latency)",
         f"{report.sync_count} ({report.sync_latency_mean_s:.2f} s / {report.sync_latency_max_s:.2f} s)",
     )
+    if report.update_wait_s is not None and report.update_blocked_s is not None:
+        t.add_row(
+            "update waits for generations / holds off new ones (mean)",
+            f"{report.update_wait_s:.2f} s / {report.update_blocked_s:.2f} s",
+        )
+    if report.token_staleness:
+        t.add_row(
+            "trained tokens by versions behind",
+            ", ".join(f"{k}: {v}" for k, v in report.token_staleness.items()),
+        )
     rows = report.off_policy
 
     def mean(key: str, fmt: str) -> str:

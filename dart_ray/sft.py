@@ -110,6 +110,7 @@ def _batch(demos: Sequence[Demo]) -> pa.RecordBatch:
             "loss_mask": [[1] * len(d.response_ids) for d in demos],
             "advantage": [0.0] * len(demos),
             "images": [d.images for d in demos],
+            "token_versions": [[] for _ in demos],
         },
         schema=SAMPLE_SCHEMA,
     )

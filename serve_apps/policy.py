@@ -156,7 +156,7 @@ class PolicyServer:
     ) -> None:
         self.cfg = PolicyConfig.model_validate(cfg)
         self.engine: Engine = (
-            TimingEngine(TimingConfig.model_validate(timing))
+            TimingEngine(TimingConfig.model_validate(timing), self.cfg.interrupt_on_update)
             if timing is not None
             else make_engine(self.cfg, model_path)
         )
@@ -227,15 +227,23 @@ class PolicyServer:
     def utilisation(self) -> dict[str, float]:
         """How busy this replica's accelerators were: `gpu_busy_s` over `gpus` x `alive_s`.
         The timing engine knows each simulated GPU's busy time; a real engine counts the
-        replica busy while any request is in flight."""
+        replica busy while any request is in flight. With it, what weight updates cost
+        generation: `updates`, and their total `update_wait_s` (waiting for generations in
+        flight) and `update_blocked_s` (new generations held off: the wait and the load)."""
+        gate = self.engine.gate
+        updates = {
+            "updates": float(gate.updates),
+            "update_wait_s": gate.wait_s,
+            "update_blocked_s": gate.blocked_s,
+        }
         if isinstance(self.engine, TimingEngine):
-            return self.engine.utilisation()
+            return self.engine.utilisation() | updates
         live = time.monotonic() - self._busy_since if self._in_flight else 0.0
         return {
             "gpus": 1.0,
             "gpu_busy_s": self._busy_s + live,
             "alive_s": time.monotonic() - self._started,
-        }
+        } | updates
 
     # ------------------------------------------------------------------ weights
 

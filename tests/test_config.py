@@ -140,6 +140,12 @@ def test_sampling_vllm_cannot_reproduce_is_refused() -> None:
     assert load_config(None, ["policy.engine=hf", "policy.temperature=2.5"])
 
 
+def test_partial_rollouts_on_vllm_are_refused_with_the_way_out() -> None:
+    with pytest.raises(ConfigError, match=r"interrupt_on_update is not implemented for .*vllm"):
+        load_config(None, ["policy.engine=vllm", "policy.interrupt_on_update=true"])
+    assert load_config(None, ["policy.interrupt_on_update=true"]).policy.interrupt_on_update
+
+
 def test_policy_route_beyond_loopback_needs_a_token(tmp_path: Path) -> None:
     for host in ("127.0.0.1", "127.0.0.2", "localhost", "::1"):
         assert load_config(None, [f'policy.http_host="{host}"']).policy.http_host == host

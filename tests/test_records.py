@@ -7,6 +7,8 @@ from dataclasses import replace
 import pyarrow as pa
 import pytest
 
+from dart_ray.data.batches import to_record_batch, token_lags
+from dart_ray.data.curation import StepSample
 from dart_ray.records import (
     SAMPLE_SCHEMA,
     STEP_SCHEMA,
@@ -112,3 +114,34 @@ def test_packed_tasks_round_trip_and_travel_inline() -> None:
         tasks = load_tasks(split=split)
         packed = PackedTasks.of(tasks)
         assert packed.unpack() == tasks and packed.inline, (split, len(packed.blob))
+
+
+def test_a_step_spanning_two_versions_round_trips_and_an_older_blob_still_reads() -> None:
+    """Partial rollouts: a step's tokens carry their versions through the blob; a blob
+    written before the column existed reads as one version per step."""
+    t = make_trajectory("t1", n_steps=2, version=3)
+    mixed = replace(t.steps[1], token_versions=(3, 4, 4))
+    t = replace(t, steps=(t.steps[0], mixed))
+    table = trajectory_to_table(t)
+    back = trajectory_from_table(table)
+    assert back == t and back.steps[1].token_versions == (3, 4, 4)
+    assert back.min_version == 3
+    older = table.drop_columns(["token_versions"])
+    assert [s.token_versions for s in trajectory_from_table(older).steps] == [(), ()]
+    with pytest.raises(ValueError, match="token versions for 3 response tokens"):
+        replace(t.steps[0], token_versions=(3, 4))
+
+
+def test_token_lags_count_each_token_by_its_own_version() -> None:
+    """Trainer at version 5: a row of version 4 (3 tokens, lag 1), a row of version 2 whose
+    last two tokens came from version 4 after an update landed (lags 3, 1, 1), a row of 5."""
+    samples = [
+        StepSample("a", "t", 0, 4, (1,), (7, 8, 9), (-1.0,) * 3, 0.5, ()),
+        StepSample("b", "t", 0, 2, (1,), (7, 8, 9), (-1.0,) * 3, 0.5, (), token_versions=(2, 4, 4)),
+        StepSample("c", "t", 0, 5, (1,), (7,), (-1.0,), 0.5, ()),
+    ]
+    batch = to_record_batch(samples)
+    assert batch.column("token_versions").to_pylist() == [[], [2, 4, 4], []]
+    assert token_lags(batch, 5) == {0: 1, 1: 5, 3: 1}
+    assert token_lags(batch.slice(1, 1), 5) == {1: 2, 3: 1}
+    assert token_lags(batch.slice(0, 0), 5) == {}

@@ -54,7 +54,8 @@ def test_bands_pool_versions() -> None:
 def test_the_report_line_and_figure(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from PIL import Image
 
-    from dart_ray.report import RunReport, draw_curve, heldout_line
+    from dart_ray.report import RunReport, heldout_line
+    from dart_ray.report_figures import draw_curve
 
     r = RunReport.empty("run-x")
     r.heldout_before, r.heldout_after, r.heldout_tasks, r.versions = 0.3, 0.5, 100, 40
@@ -82,7 +83,8 @@ def test_the_system_figure(tmp_path) -> None:  # type: ignore[no-untyped-def]
 
     from PIL import Image
 
-    from dart_ray.report import RunReport, draw_system_figure
+    from dart_ray.report import RunReport
+    from dart_ray.report_figures import draw_system_figure
 
     r = RunReport.empty("run-x")
     r.sessions = 2

@@ -3,7 +3,9 @@ session's Ray): both modes run every real part with compute replaced by latencie
 run's behaviour is checked, never its speed: each mode trains and publishes, says SIMULATED,
 loses and replays nothing (the audit), trains no sample staler than the bound, and the
 decoupled mode keeps its environments busier than the synchronous one (the design's point:
-the synchronous mode's sessions wait for every train step)."""
+the synchronous mode's sessions wait for every train step). A third mode runs the decoupled
+one with partial rollouts (`policy.interrupt_on_update`): per-token versions reach the trainer
+and every mode reports what its weight updates cost rollout."""
 
 from __future__ import annotations
 
@@ -28,13 +30,14 @@ def _benchmark() -> ModuleType:
     return module
 
 
-def test_the_timing_mode_benchmark_runs_both_modes_correctly(tmp_path: Path) -> None:
+def test_the_timing_mode_benchmark_runs_every_mode_correctly(tmp_path: Path) -> None:
     out = tmp_path / "decoupling.json"
     rc = _benchmark().main(
         [
             "--minutes", "0.6",
             "--scale", "0.02",
             "--sessions", "8",
+            "--modes", "decoupled,sync,partial",
             "--same-ray",
             "--port", "8170",
             "--root", str(tmp_path / "runs"),
@@ -58,6 +61,11 @@ def test_the_timing_mode_benchmark_runs_both_modes_correctly(tmp_path: Path) -> 
         assert m["staleness_max"] <= m["max_staleness"], mode
         assert 0 < m["rollout_utilisation"] <= 1, mode
         assert m["watchdog_fired_at_s"] is None, mode
+        assert sum(m["token_staleness"].values()) > 0, mode  # the trainer counted its tokens
+        assert max(map(int, m["token_staleness"])) <= m["max_staleness"], mode
+        assert m["update_wait_s"] is not None and m["update_wait_s"] >= 0, mode
     for key in ("env_utilisation_ratio", "rollout_utilisation_ratio", "samples_per_hour_ratio"):
         assert isinstance(r[key], float), key
     assert runs["decoupled"]["env_utilisation"] > runs["sync"]["env_utilisation"]
+    assert runs["partial"]["report"]["mode"] == "decoupled"
+    assert set(r["partial_vs_decoupled"]) >= {"update_wait_s", "token_lag_mean"}

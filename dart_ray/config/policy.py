@@ -92,6 +92,12 @@ class PolicyConfig(Section):
     store (no copy; replicas on a node share them), `copy` copies them into the model."""
     update_timeout_s: float = Field(default=300.0, gt=0)
     """How long `update_weights` waits for every replica to load a new version."""
+    interrupt_on_update: bool = False
+    """Partial rollouts: a weight update pauses the generations in flight at their next token
+    boundary, loads, and they resume on the new weights (each token records the version
+    that sampled it; a step's `weight_version` is its oldest). Off: an update waits for the
+    generations in flight to finish (seconds for long responses) and holds new ones off
+    meanwhile. Engines `hf` and the timing mode's; not `vllm` yet."""
     vllm_max_model_len: int = Field(default=8192, ge=256)
     """vLLM: longest prompt plus response, in tokens."""
     vllm_kv_cache_mb: int = Field(default=512, ge=16)
@@ -114,6 +120,16 @@ class PolicyConfig(Section):
             raise ValueError(
                 f"policy.temperature = {self.temperature}: vLLM samples at temperatures up to 2 "
                 "(use policy.engine = 'hf' for hotter sampling)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _vllm_interrupt(self) -> PolicyConfig:
+        if self.engine == "vllm" and self.interrupt_on_update:
+            raise ValueError(
+                "policy.interrupt_on_update is not implemented for policy.engine = 'vllm' "
+                "(it would abort and resume requests across the load): use 'hf', or leave "
+                "it off so updates wait for the responses in flight"
             )
         return self
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -31,6 +32,7 @@ def to_record_batch(samples: Sequence[StepSample]) -> pa.RecordBatch:
             "loss_mask": [[1] * len(s.response_ids) for s in samples],
             "advantage": [s.advantage for s in samples],
             "images": [list(s.images) for s in samples],
+            "token_versions": [list(s.token_versions) for s in samples],
         },
         schema=SAMPLE_SCHEMA,
     )
@@ -59,3 +61,24 @@ def batch_tokens(batch: pa.RecordBatch) -> int:
     p = batch.column("prompt_ids")
     r = batch.column("response_ids")
     return sum(int(pc.sum(pc.list_value_length(c)).as_py() or 0) for c in (p, r))
+
+
+TOKEN_LAG = "token_lag_"
+"""Prefix of the train-history keys counting a step's tokens by versions behind."""
+
+
+def token_lags(batch: pa.RecordBatch, version: int) -> dict[int, int]:
+    """Response tokens of `batch` by how many versions they are behind `version` (the weights
+    that train them): each token's own version where a weight update landed mid-response
+    (`token_versions`), the row's `weight_version` otherwise."""
+    if batch.num_rows == 0:
+        return {}
+    lengths = pc.list_value_length(batch.column("response_ids")).to_numpy(zero_copy_only=False)
+    per_token = batch.column("token_versions")
+    mixed = pc.list_value_length(per_token).to_numpy(zero_copy_only=False) > 0
+    rows = np.asarray(batch.column("weight_version").to_numpy(zero_copy_only=False))
+    uniform = np.repeat(rows[~mixed], lengths[~mixed])
+    spans = pc.list_flatten(per_token.filter(pa.array(mixed))).to_numpy(zero_copy_only=False)
+    lags = version - np.concatenate([uniform, np.asarray(spans, dtype=np.int64)])
+    values, counts = np.unique(lags, return_counts=True)
+    return {int(v): int(n) for v, n in zip(values, counts, strict=True)}

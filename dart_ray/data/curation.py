@@ -37,6 +37,8 @@ class StepSample:
     """The screenshots of the prompt, oldest first."""
     entropy: float = 0.0
     """Mean entropy over the response tokens (0 when the engine did not report it)."""
+    token_versions: Sequence[int] = ()
+    """Each response token's version where they differ (partial rollouts; `Step`'s)."""
 
     @property
     def num_tokens(self) -> int:
@@ -82,6 +84,7 @@ def split_steps(t: Trajectory, advantage: float) -> list[StepSample]:
                 advantage=advantage,
                 images=tuple(shots[first : i + 1]),
                 entropy=ent,
+                token_versions=s.token_versions,
             )
         )
     return out

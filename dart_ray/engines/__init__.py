@@ -21,7 +21,12 @@ def make_engine(cfg: PolicyConfig, model_path: str | Path) -> Engine:
 
         device = "cuda" if cfg.num_gpus > 0 and torch.cuda.is_available() else "cpu"
         return HFEngine(
-            model_path, cfg.allow_special_tokens, DTYPES[cfg.dtype], device, cfg.weights_load
+            model_path,
+            cfg.allow_special_tokens,
+            DTYPES[cfg.dtype],
+            device,
+            cfg.weights_load,
+            cfg.interrupt_on_update,
         )
     from dart_ray.engines.vllm import VLLMEngine
 

@@ -22,6 +22,11 @@ records the model's distribution at temperature 1 (with suppressed tokens remove
 Requests of one batch may differ in length and in number of images: prompts are left-padded
 and the images of all requests are concatenated in order, which is how Qwen2.5-VL's forward
 expects them. Requests with different sampling parameters run as separate sub-batches.
+
+Partial rollouts (`policy.interrupt_on_update`): after drawing each token the sampler offers
+the gate a boundary (`Lease.boundary`, on the server's event loop); an update waiting there
+loads the new weights into the model while `generate` is paused between two forward passes,
+and the next token is drawn from the new weights (`Generation.token_versions`).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -41,8 +46,10 @@ from dart_ray.engines.base import (
     Engine,
     GenerateRequest,
     Generation,
+    Lease,
     PreparedRequest,
     SamplingParams,
+    versions_per_token,
 )
 from dart_ray.models.loading import EncodedPrompt, PolicyProcessor, load_model
 from dart_ray.weights import PackedWeights, load_into, share_into
@@ -52,9 +59,16 @@ class _Sampler(LogitsProcessor):
     """Draws each next token from the processed distribution and records its log-prob and
     the distribution's entropy; returns logits that make greedy selection pick that token."""
 
-    def __init__(self, spec: SamplingSpec, suppressed: Sequence[int]) -> None:
+    def __init__(
+        self,
+        spec: SamplingSpec,
+        suppressed: Sequence[int],
+        boundary: Callable[[int], None] | None = None,
+    ) -> None:
         self.spec = spec
         self.suppressed = torch.tensor(list(suppressed), dtype=torch.long)
+        self.boundary = boundary
+        """Called with the next token's index after each draw (a weight update may land)."""
         self.logprobs: list[torch.Tensor] = []  # each (B,)
         self.entropy: list[torch.Tensor] = []  # each (B,)
 
@@ -65,6 +79,8 @@ class _Sampler(LogitsProcessor):
         self.logprobs.append(logp.gather(-1, chosen[:, None])[:, 0])
         self.entropy.append(entropy_of(logp))
         out = torch.full_like(scores, float("-inf"))
+        if self.boundary is not None:
+            self.boundary(len(self.logprobs))
         return out.scatter_(-1, chosen[:, None], 0.0)  # type: ignore[return-value]
 
     def finish(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,8 +118,9 @@ class HFEngine(Engine):
         dtype: torch.dtype = torch.float32,
         device: str = "cpu",
         weights_load: Literal["share", "copy"] = "share",
+        interrupt_on_update: bool = False,
     ) -> None:
-        super().__init__()
+        super().__init__(interrupt_on_update)
         self.weights_load = weights_load
         self._shared: PackedWeights | None = None  # keeps shared weights mapped
         self.processor = PolicyProcessor.from_dir(model_path)
@@ -124,8 +141,14 @@ class HFEngine(Engine):
         if len(encoded) != len(requests):
             raise ValueError("HFEngine.generate needs requests prepared by HFEngine.prepare")
         params = [r.sampling for r in requests]
-        async with self.gate.generating() as version:
-            return await asyncio.to_thread(self.generate_sync, encoded, params, version)
+        async with self.gate.generating() as lease:
+            loop = asyncio.get_running_loop()
+
+            def boundary(next_token: int) -> None:  # in generate's thread
+                if self.gate.update_waiting:
+                    asyncio.run_coroutine_threadsafe(lease.boundary(next_token), loop).result()
+
+            return await asyncio.to_thread(self.generate_sync, encoded, params, lease, boundary)
 
     async def _load(self, weights: PackedWeights) -> None:
         if self.weights_load == "share" and self.device == "cpu":
@@ -138,13 +161,20 @@ class HFEngine(Engine):
     # ------------------------------------------------------------------ synchronous core
 
     def generate_sync(
-        self, encoded: Sequence[EncodedPrompt], params: Sequence[SamplingParams], version: int
+        self,
+        encoded: Sequence[EncodedPrompt],
+        params: Sequence[SamplingParams],
+        version: int | Lease,
+        boundary: Callable[[int], None] | None = None,
     ) -> list[Generation]:
+        """Generate on this thread, on `version` (an int outside the server: no update lands)
+        or on a lease of the gate, whose `boundary` lets updates land between tokens."""
+        lease = version if isinstance(version, Lease) else Lease(self.gate, version, version)
         out: list[Generation | None] = [None] * len(encoded)
         order = sorted(range(len(encoded)), key=lambda i: hash(params[i]))
         for _, group in itertools.groupby(order, key=lambda i: params[i]):
             idx = list(group)
-            gens = self._batch([encoded[i] for i in idx], params[idx[0]], version)
+            gens = self._batch([encoded[i] for i in idx], params[idx[0]], lease, boundary)
             for i, g in zip(idx, gens, strict=True):
                 out[i] = g
         return [g for g in out if g is not None]
@@ -168,10 +198,15 @@ class HFEngine(Engine):
 
     @torch.no_grad()
     def _batch(
-        self, batch: Sequence[EncodedPrompt], sp: SamplingParams, version: int
+        self,
+        batch: Sequence[EncodedPrompt],
+        sp: SamplingParams,
+        lease: Lease,
+        boundary: Callable[[int], None] | None = None,
     ) -> list[Generation]:
         t0 = time.perf_counter()
-        sampler = _Sampler(sp.spec, self.suppressed)
+        version, seen = lease.version, len(lease.switches)  # this sub-batch's own switches
+        sampler = _Sampler(sp.spec, self.suppressed, boundary)
         config = neutral_generation_config(self.processor.eos_id, self.processor.pad_id)
         config.max_new_tokens = sp.max_new_tokens
         config.stop_strings = list(sp.stop) or None
@@ -185,6 +220,7 @@ class HFEngine(Engine):
         )
         logprobs, entropy = sampler.finish()  # (B, T) each
         latency = time.perf_counter() - t0
+        switches = lease.switches[seen:]
         return [
             self._one(
                 e,
@@ -192,7 +228,7 @@ class HFEngine(Engine):
                 logprobs[b],
                 entropy[b],
                 sp,
-                version,
+                (version, switches),
                 latency,
                 len(batch),
             )
@@ -206,7 +242,7 @@ class HFEngine(Engine):
         logprobs: torch.Tensor,
         entropy: torch.Tensor,
         sp: SamplingParams,
-        version: int,
+        versions: tuple[int, Sequence[tuple[int, int]]],
         latency: float,
         batch_size: int,
     ) -> Generation:
@@ -221,15 +257,17 @@ class HFEngine(Engine):
                 k = next(j for j in range(1, n + 1) if s in self.processor.decode(tokens[:j]))
                 n, finish, text = k, "stop", self.processor.decode(tokens[:k])
                 text = text[: text.find(s)]
+        oldest, token_versions = versions_per_token(n, *versions)
         return Generation(
             text=text,
             response_ids=tuple(tokens[:n]),
             prompt_ids=tuple(e.input_ids),
             logprobs=tuple(logprobs[:n].tolist()),
             entropy=tuple(entropy[:n].tolist()),
-            weight_version=version,
+            weight_version=oldest,
             finish_reason=finish,  # type: ignore[arg-type]
             model_sizes=e.model_sizes,
             latency_s=latency,
             batch_size=batch_size,
+            token_versions=token_versions,
         )

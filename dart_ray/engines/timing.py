@@ -20,7 +20,11 @@ length in simulated tokens (lognormal, `response_tokens_median`, `response_token
 the decode time. The returned ids are the UTF-8 bytes of the text with the log-probability of
 a uniform byte (log 1/256) each: the timing trainer does not score them, it takes as long as
 a 7B step on `timing.train_tokens_per_sample` per sample. Weight loads take `weight_load_s`,
-behind the same version gate as a real engine (in-flight generations finish first).
+behind the same version gate as a real engine: in-flight generations finish first, or with
+`policy.interrupt_on_update` (partial rollouts) each GPU's decode loop pauses at its next step
+while the weights load and every running sequence resumes on the new version (a request
+waiting for prefill or for room in the batch is paused where it waits). The simulated tokens
+after the switch map onto the returned ids proportionally (`Generation.token_versions`).
 
 `busy_s` is the time each GPU had work (prefilling or decoding), for the rollout utilisation.
 """
@@ -44,8 +48,10 @@ from dart_ray.engines.base import (
     Engine,
     GenerateRequest,
     Generation,
+    Lease,
     PreparedRequest,
     SamplingParams,
+    VersionGate,
 )
 from dart_ray.records import Action, ActionKind
 from dart_ray.weights import PackedWeights
@@ -67,6 +73,13 @@ def decode_step_s(t: TimingConfig, running: int) -> float:
 class _Seq:
     remaining: float
     done: asyncio.Future[None]
+    lease: Lease
+    tokens: int
+
+    @property
+    def next_token(self) -> int:
+        """Index of the simulated token the next decode step samples."""
+        return round(self.tokens - self.remaining)
 
 
 @dataclass
@@ -74,6 +87,8 @@ class SimulatedGPU:
     """One GPU: a prefill lane and a decode batch, simulated in real (scaled) time."""
 
     t: TimingConfig
+    gate: VersionGate = field(default_factory=VersionGate)
+    """The replica's gate: on an interruptible one, the decode loop pauses for updates."""
     tick_s: float = 0.05
     """Longest real sleep of the decode loop; an arrival wakes it sooner, to join the batch."""
     running: list[_Seq] = field(default_factory=list)
@@ -102,13 +117,25 @@ class SimulatedGPU:
         live = time.monotonic() - self._busy_since if self._busy_since is not None else 0.0
         return self.busy_s + live
 
-    async def run(self, images: int, tokens: int) -> None:
+    def wake(self) -> None:
+        """Make the decode loop look at the gate now (an update is waiting)."""
+        self._wake.set()
+
+    async def run(self, images: int, tokens: int, lease: Lease) -> None:
         """Prefill, then decode `tokens` tokens alongside the other running sequences."""
         self._enter()
         try:
-            async with self._prefill:
+            if self.gate.interruptible:  # waiting for the prefill lane holds no compute
+                async with self.gate.paused([lease], [0]):
+                    await self._prefill.acquire()
+            else:
+                await self._prefill.acquire()
+            try:
                 await asyncio.sleep(prefill_s(self.t, images) * self.t.scale)
-            seq = _Seq(float(tokens), asyncio.get_running_loop().create_future())
+            finally:
+                self._prefill.release()
+            await lease.boundary(1)  # the prefill's forward pass gave token 0
+            seq = _Seq(float(tokens), asyncio.get_running_loop().create_future(), lease, tokens)
             self.waiting.append(seq)
             if self._loop is None or self._loop.done():
                 self._loop = asyncio.create_task(self._decode())
@@ -119,6 +146,10 @@ class SimulatedGPU:
 
     async def _decode(self) -> None:
         while self.running or self.waiting:
+            if self.gate.update_waiting:  # partial rollouts: the update lands between steps
+                seqs = self.running + self.waiting
+                async with self.gate.paused([s.lease for s in seqs], [s.next_token for s in seqs]):
+                    pass
             room = self.t.max_running - len(self.running)
             self.running += self.waiting[:room]
             del self.waiting[:room]
@@ -142,10 +173,13 @@ class TimingEngine(Engine):
 
     name = "timing"
 
-    def __init__(self, timing: TimingConfig, seed: int = 0) -> None:
-        super().__init__()
+    def __init__(
+        self, timing: TimingConfig, interrupt_on_update: bool = False, seed: int = 0
+    ) -> None:
+        super().__init__(interrupt_on_update)
         self.t = timing
-        self.gpus = [SimulatedGPU(timing) for _ in range(timing.rollout_gpus)]
+        self.gpus = [SimulatedGPU(timing, self.gate) for _ in range(timing.rollout_gpus)]
+        self.gate.on_update.extend(g.wake for g in self.gpus)
         self.rng = random.Random(seed)
         self.started = time.monotonic()
 
@@ -170,15 +204,19 @@ class TimingEngine(Engine):
         n = t.response_tokens_median * math.exp(t.response_tokens_sigma * self.rng.gauss(0, 1))
         return max(1, min(limit, round(n)))
 
-    async def _one(self, r: PreparedRequest, version: int) -> Generation:
+    async def _one(self, r: PreparedRequest) -> Generation:
         t0 = time.perf_counter()
         size = r.images[-1].size if r.images else (1920, 1080)
         text = self.respond(size)
         tokens = self.response_tokens(r.sampling.max_new_tokens)
         finish = "length" if tokens >= r.sampling.max_new_tokens else "stop"
         gpu = min(self.gpus, key=lambda g: g.work)
-        await gpu.run(len(r.images), tokens)
+        async with self.gate.generating() as lease:
+            await gpu.run(len(r.images), tokens, lease)
         ids = tuple(text.encode())
+        # the simulated tokens' switches, onto the returned ids in proportion
+        lease.switches = [(math.ceil(k * len(ids) / tokens), v) for k, v in lease.switches]
+        version, token_versions = lease.versions(len(ids))
         return Generation(
             text=text,
             response_ids=ids,
@@ -189,11 +227,12 @@ class TimingEngine(Engine):
             finish_reason=finish,
             model_sizes=(size,),
             latency_s=time.perf_counter() - t0,
+            token_versions=token_versions,
         )
 
     async def generate(self, requests: Sequence[PreparedRequest]) -> list[Generation]:
-        async with self.gate.generating() as version:
-            return list(await asyncio.gather(*(self._one(r, version) for r in requests)))
+        """One generation per request, each holding the gate on its own."""
+        return list(await asyncio.gather(*(self._one(r) for r in requests)))
 
     async def _load(self, weights: PackedWeights) -> None:
         """A 7B load takes `weight_load_s`; the tiny weights published for real are dropped."""

@@ -172,6 +172,7 @@ async def run_episode(
                 behaviour_logprobs=gen.logprobs,
                 entropy=gen.entropy,
                 weight_version=gen.weight_version,
+                token_versions=gen.token_versions,
                 response_text=gen.text,
                 action=parsed.action,
                 screenshot=turns[-1].screenshot,

@@ -192,6 +192,7 @@ class Learner:
                 "loss_mask": [[0]],
                 "advantage": [0.0],
                 "images": [[buf.getvalue()]],
+                "token_versions": [[]],
             }
             rb = pa.RecordBatch.from_pydict(row, schema=SAMPLE_SCHEMA)
             self._dummy = self._collate(rb)

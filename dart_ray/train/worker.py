@@ -44,6 +44,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from dart_ray.config import Config
+from dart_ray.data.batches import TOKEN_LAG, token_lags
 from dart_ray.models.loading import PolicyProcessor, load_model
 from dart_ray.store import Claim, Store, open_store
 from dart_ray.train.checkpointing import TrainerState, read_trainer_state, save_checkpoint
@@ -137,13 +138,15 @@ def _next_shard(
             return None
 
 
-def _sample_versions(shard: pa.RecordBatch) -> dict[str, float]:
+def _sample_versions(shard: pa.RecordBatch, version: int) -> dict[str, float]:
     """The oldest and newest weight version among the step's samples on this rank (what a
-    reader checks to see how on- or off-policy a step was)."""
+    reader checks to see how on- or off-policy a step was), and its response tokens by how
+    many versions they are behind the weights `version` that train them (`token_lag_<k>`)."""
     if shard.num_rows == 0:
         return {}
     lo, hi = pc.min_max(shard.column("weight_version")).values()
-    return {"sample_version_min": float(lo.as_py()), "sample_version_max": float(hi.as_py())}
+    lags = {f"{TOKEN_LAG}{k}": float(n) for k, n in token_lags(shard, version).items()}
+    return {"sample_version_min": float(lo.as_py()), "sample_version_max": float(hi.as_py())} | lags
 
 
 class Publisher:
@@ -331,7 +334,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         else:
             metrics = learner.step(shard, version if step == synced_step else None)
         metrics["step_s"] = time.monotonic() - t0
-        metrics.update(_sample_versions(shard))
+        metrics.update(_sample_versions(shard, version))
         if pub is not None:
             pub.leases.renew()  # the step may have taken a good part of the lease
         step += 1

@@ -183,3 +183,11 @@ def test_pack_gives_one_batch_per_rank_even_when_short() -> None:
 def test_factory_steps_are_float32_exact() -> None:
     s = make_step(0)
     assert list(s.behaviour_logprobs) == [-0.5, -1.0, -1.5]
+
+
+def test_a_sample_keeps_the_version_of_each_of_its_tokens() -> None:
+    t = make_trajectory("t", n_steps=2, version=3)
+    t = replace(t, steps=(t.steps[0], replace(t.steps[1], token_versions=(3, 3, 4))))
+    a, b = split_steps(t, 1.0)
+    assert a.token_versions == () and b.token_versions == (3, 3, 4)
+    assert sorted(pack([a, b], 1)[0].column("token_versions").to_pylist()) == [[], [3, 3, 4]]

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dart_ray.algo.sampling import SamplingSpec, process_logits
 from dart_ray.engines.base import Generation, SamplingParams
 from dart_ray.engines.hf import HFEngine
 from dart_ray.models.tiny import SPECIAL_TOKENS
@@ -245,3 +246,41 @@ def test_greedy_ignores_checkpoint_defaults(tiny_model_dir: Path, tmp_path: Path
     rigged = _run(HFEngine(_with_generation_defaults(tiny_model_dir, tmp_path)), [req])[0]
     assert plain.response_ids == rigged.response_ids
     assert plain.logprobs == pytest.approx(rigged.logprobs, abs=1e-5)
+
+
+def test_an_update_lands_mid_response_and_the_rest_is_sampled_by_the_new_weights(
+    tiny_model_dir: Path,
+) -> None:
+    """Partial rollouts: with `interrupt_on_update` the update does not wait for the response
+    in flight; it loads at the next token boundary and the tokens after it are drawn from
+    the new weights. The new weights zero the output layer, so their distribution is uniform
+    over the tokens not suppressed: every token after the switch has exactly that log-prob
+    and entropy, and no token before it does."""
+    e = HFEngine(tiny_model_dir, interrupt_on_update=True)
+    state = e.model.state_dict()
+    new = {k: torch.zeros_like(v) if k == "lm_head.weight" else v for k, v in state.items()}
+    vocab = state["lm_head.weight"].shape[0]
+    uniform = torch.log_softmax(
+        process_logits(
+            torch.zeros(1, vocab), SamplingSpec(1.0, 0, 1.0), torch.tensor(e.suppressed)
+        ),
+        -1,
+    ).max()
+    torch.manual_seed(0)
+
+    async def scenario() -> tuple[Generation, float]:
+        sp = SamplingParams(temperature=1.0, max_new_tokens=200)
+        gen = asyncio.create_task(e.generate([e.prepare(request(), sp)]))
+        await asyncio.sleep(0.03)  # a few tokens in (200 take ~0.3 s here)
+        await e.update_weights(1, pack(new))
+        return (await gen)[0], e.gate.wait_s
+
+    g, waited = asyncio.run(scenario())
+    assert g.weight_version == 0 and g.token_versions, "the update did not land mid-response"
+    k = g.token_versions.index(1)
+    assert k > 0 and g.token_versions == (0,) * k + (1,) * (len(g.response_ids) - k)
+    after = torch.tensor(g.logprobs[k:])
+    assert torch.allclose(after, uniform.expand_as(after), atol=1e-5)
+    assert torch.allclose(torch.tensor(g.entropy[k:]), -uniform.expand_as(after), atol=1e-4)
+    assert all(abs(lp - float(uniform)) > 1e-3 for lp in g.logprobs[:k])
+    assert waited < g.latency_s / 2  # one token's wait, not the rest of the response

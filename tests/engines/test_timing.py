@@ -12,7 +12,7 @@ from PIL import Image
 
 from dart_ray.actions import parse_response
 from dart_ray.config import TimingConfig
-from dart_ray.engines.base import GenerateRequest, SamplingParams
+from dart_ray.engines.base import GenerateRequest, Generation, SamplingParams
 from dart_ray.engines.timing import SimulatedGPU, TimingEngine, decode_step_s, prefill_s
 from dart_ray.prompts import ChatMessage, ImagePart, TextPart
 from dart_ray.records import ActionKind
@@ -53,15 +53,20 @@ def _timed(coro_factory, n: int) -> list[float]:  # type: ignore[no-untyped-def]
     return asyncio.run(main())
 
 
+async def _run(gpu: SimulatedGPU, tokens: int) -> None:
+    async with gpu.gate.generating() as lease:
+        await gpu.run(0, tokens, lease)
+
+
 def test_decoding_batches_sequences_on_one_gpu() -> None:
     """50 tokens alone: 1 ms prefill + 50 x 2 ms = 0.101 s. Four at once: the prefills take
     turns (1 ms each), then all four decode together at 5 ms a step: ~0.25 s for all, not
     the 0.4 s of four in a row."""
     gpu = SimulatedGPU(SIMPLE)
-    [alone] = _timed(lambda: gpu.run(0, 50), 1)
+    [alone] = _timed(lambda: _run(gpu, 50), 1)
     assert alone == pytest.approx(0.101, abs=0.03)
     gpu = SimulatedGPU(SIMPLE)
-    four = _timed(lambda: gpu.run(0, 50), 4)
+    four = _timed(lambda: _run(gpu, 50), 4)
     assert max(four) == pytest.approx(0.254, abs=0.05)
     assert gpu.work == 0 and gpu.busy_s == pytest.approx(max(four), abs=0.03)
 
@@ -70,13 +75,13 @@ def test_the_kv_cache_bounds_the_batch() -> None:
     """max_running 2: of four sequences two decode (3 ms a step, 50 tokens: 0.15 s), then the
     other two: ~0.30 s in all, where all four together took 0.25 s."""
     gpu = SimulatedGPU(SIMPLE.model_copy(update={"max_running": 2}))
-    four = _timed(lambda: gpu.run(0, 50), 4)
+    four = _timed(lambda: _run(gpu, 50), 4)
     assert max(four) == pytest.approx(0.30, abs=0.05)
 
 
 def test_scale_shrinks_every_latency() -> None:
     gpu = SimulatedGPU(SIMPLE.model_copy(update={"scale": 0.5}))
-    [alone] = _timed(lambda: gpu.run(0, 50), 1)
+    [alone] = _timed(lambda: _run(gpu, 50), 1)
     assert alone == pytest.approx(0.0505, abs=0.02)
 
 
@@ -134,3 +139,66 @@ def test_the_timed_trainer_step_sleeps_for_its_samples() -> None:
     m = timed_step(shard, t)
     assert time.monotonic() - t0 == pytest.approx(0.09, abs=0.03)
     assert m["tokens"] == 4000 and m["simulated_step_s"] == pytest.approx(0.09)
+
+
+@pytest.mark.parametrize("interrupt", [False, True])
+def test_an_update_drains_the_decode_batch_or_lands_between_its_steps(interrupt: bool) -> None:
+    """100 tokens at 2 ms a step (0.201 s); an update (50 ms load) asks at 50 ms. Draining,
+    it waits ~150 ms for the response to finish, which is all version 0. Interrupting, it
+    waits for the decode loop's next step (~2 ms), the batch pauses 50 ms while it loads,
+    and the last ~3/4 of the response is version 1's."""
+    t = SIMPLE.model_copy(update={"response_tokens_sigma": 0.0, "weight_load_s": 0.05})
+    engine = TimingEngine(t, interrupt_on_update=interrupt)
+    req = engine.prepare(_request(), SamplingParams())
+
+    async def main() -> tuple[Generation, float]:
+        t0 = time.monotonic()
+        gen = asyncio.create_task(engine.generate([req]))
+        await asyncio.sleep(0.05)
+        await engine.update_weights(1, None)  # type: ignore[arg-type]
+        [g] = await gen
+        return g, time.monotonic() - t0
+
+    g, elapsed = asyncio.run(main())
+    assert g.weight_version == 0 and engine.version == 1
+    if not interrupt:
+        assert g.token_versions == ()
+        assert engine.gate.wait_s == pytest.approx(0.15, abs=0.04)
+        assert elapsed == pytest.approx(0.25, abs=0.05)
+        return
+    assert engine.gate.wait_s < 0.02
+    k = g.token_versions.index(1)
+    assert g.token_versions == (0,) * k + (1,) * (len(g.response_ids) - k)
+    assert k / len(g.response_ids) == pytest.approx(0.25, abs=0.1)
+    assert elapsed == pytest.approx(0.251, abs=0.05)  # the response, paused for the load
+
+
+def test_an_update_waits_for_no_request_queued_for_prefill() -> None:
+    """Interrupting, requests waiting for the prefill lane are paused where they wait: two
+    requests with 100 ms prefills, the update asks 10 ms in; it waits for the first prefill
+    (~90 ms), not for the second; the first response's first token is the old prefill's,
+    every later token the new weights', and the second request is all version 1."""
+    t = SIMPLE.model_copy(
+        update={
+            "prompt_tokens": 1000,
+            "prefill_tokens_per_s": 10_000,
+            "response_tokens_sigma": 0.0,
+            "weight_load_s": 0.05,
+            "rollout_gpus": 1,
+        }
+    )
+    engine = TimingEngine(t, interrupt_on_update=True)
+    req = engine.prepare(_request(), SamplingParams())
+
+    async def main() -> list[Generation]:
+        gens = [asyncio.create_task(engine.generate([req])) for _ in range(2)]
+        await asyncio.sleep(0.01)
+        await engine.update_weights(1, None)  # type: ignore[arg-type]
+        return [g for task in gens for g in await task]
+
+    first, second = asyncio.run(main())
+    assert engine.gate.wait_s == pytest.approx(0.09, abs=0.04)
+    # the first token came from the prefill on version 0; the rest from version 1's steps
+    assert first.weight_version == 0 and first.token_versions[0] == 0
+    assert set(first.token_versions[1:]) == {1}
+    assert second.weight_version == 1 and second.token_versions == ()
