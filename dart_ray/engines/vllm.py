@@ -149,8 +149,8 @@ class VLLMEngine(Engine):
         return w, h
 
     async def generate(self, requests: Sequence[PreparedRequest]) -> list[Generation]:
-        async with self.gate.generating() as version:
-            return list(await asyncio.gather(*(self._one(r, version) for r in requests)))
+        async with self.gate.generating() as lease:  # drained: one version per response
+            return list(await asyncio.gather(*(self._one(r, lease.version) for r in requests)))
 
     async def _load(self, weights: PackedWeights) -> None:
         path = SHM_DIR / f"dart-ray-weights-{uuid.uuid4().hex}.bin"
