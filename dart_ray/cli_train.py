@@ -79,6 +79,9 @@ def add_sft_eval(sub: argparse._SubParsersAction, add_config_args, load) -> None
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--tasks", type=int, default=200, help="training tasks to demonstrate")
+    p.add_argument(
+        "--save-every", type=int, default=0, help="also write OUT-stepN every N steps (0: off)"
+    )
     add_config_args(p)
 
     def sft_fn(args: argparse.Namespace, out: Console) -> int:
@@ -103,6 +106,7 @@ def add_sft_eval(sub: argparse._SubParsersAction, add_config_args, load) -> None
             lr=args.lr,
             seed=cfg.run.seed,
             history_images=cfg.policy.history_images,
+            save_every=args.save_every,
         )
         out.print(
             f"wrote {r.out}: {r.steps} steps over {r.demonstrations} demonstrations, "

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import torch
+from transformers import PreTrainedModel
 
 from dart_ray.actions import CoordinateMap, format_response
 from dart_ray.config import EnvConfig
@@ -136,8 +137,15 @@ def sft(
     lr: float = 1e-3,
     seed: int = 0,
     history_images: int = 1,
+    save_every: int = 0,
 ) -> SFTResult:
-    """Fine-tune the model in `base` on oracle demonstrations; write an HF folder to `out`."""
+    """Fine-tune the model in `base` on oracle demonstrations; write an HF folder to `out`.
+
+    With `save_every` N > 0 the weights after every N steps are also written beside `out`,
+    as `OUT-stepN`: one SFT run then yields the candidate warm starts of a sweep over the
+    stopping point (docs/LEARNING.md picks warm starts with partial competence that way)."""
+    if save_every < 0:
+        raise ValueError(f"save_every must be >= 0, got {save_every}")
     t0 = time.monotonic()
     torch.manual_seed(seed)
     processor = PolicyProcessor.from_dir(base)
@@ -170,6 +178,16 @@ def sft(
         loss_v = float(loss.detach())
         if step % 50 == 0:
             log.info("sft step %d loss %.3f", step, loss_v)
+        done = step + 1
+        if save_every and done % save_every == 0 and done < steps:
+            _save(model, processor, base, out.with_name(f"{out.name}-step{done}"))
+            model.train()
+    _save(model, processor, base, out)
+    return SFTResult(out, steps, len(pool), loss_v, time.monotonic() - t0)
+
+
+def _save(model: PreTrainedModel, processor: PolicyProcessor, base: Path, out: Path) -> None:
+    """The model as an HF folder at `out`, written beside it first and renamed into place."""
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.eval()
@@ -181,4 +199,3 @@ def sft(
             shutil.copy2(base / extra, tmp / extra)
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
-    return SFTResult(out, steps, len(pool), loss_v, time.monotonic() - t0)

@@ -35,3 +35,20 @@ def test_multi_step_demonstrations_carry_the_history() -> None:
     first = processor.decode(demos[0].response_ids)
     assert "checkbox" in first
     assert len(demos[1].prompt_ids) > len(demos[0].prompt_ids)  # the first answer is in it
+
+
+def test_save_every_writes_the_snapshots_of_one_run(tmp_path: Path) -> None:
+    """`--save-every 2` over 5 steps: OUT-step2 and OUT-step4 beside OUT, each a loadable model
+    holding the weights of its step (they differ from each other and from the final ones)."""
+    from dart_ray.models.loading import load_model
+    from dart_ray.sft import sft
+
+    tasks = [make_task("click-button", 1, seed) for seed in range(4)]
+    out = tmp_path / "warm"
+    sft(TINY, out, tasks, EnvConfig(), steps=5, batch_size=2, lr=1e-2, save_every=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["warm", "warm-step2", "warm-step4"]
+    weights = [
+        next(iter(load_model(tmp_path / name).state_dict().values())).clone()
+        for name in ("warm-step2", "warm-step4", "warm")
+    ]
+    assert not any(w.equal(v) for i, w in enumerate(weights) for v in weights[i + 1 :])
