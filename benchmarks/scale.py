@@ -54,7 +54,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decoupling import Probe, probing
+from timing_run import Probe, probing
 
 from dart_ray import driver, runtime
 from dart_ray.config import Config, load_config
