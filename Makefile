@@ -13,8 +13,8 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip -qq --disable-pip-version-check
 STAMP := $(VENV)/.installed-stamp
 TORCH_SPEC ?= torch==2.13.0
-# `learning` (docs/LEARNING.md: the default run's +10 points, rung 1 and rung 2 of the ladder;
-# about 50 minutes) does not fit CI's time with the rest: `make test-learning` runs it.
+# `learning` (docs/LEARNING.md: the default run's +10 points and the three rungs of the ladder;
+# about 80 minutes) does not fit CI's time with the rest: `make test-learning` runs it.
 # `schedule` (the seeded 50-fault schedule, about 20 minutes) neither: `make test-fault-schedule`.
 # Empty: scripts/test-tiers.sh runs the tiers (parallel, ray, cluster, vLLM) and times each; set it
 # to run one plain pytest instead (e.g. PYTEST_ARGS="-x tests/store").

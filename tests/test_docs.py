@@ -207,7 +207,9 @@ HOW: dict[str, How] = {
         "check", _covered("tests/test_readme_run.py::test_make_run_from_a_clean_clone")
     ),
     r"make test": How("check", _ci_runs_it),
-    r"dart-ray (sft|eval|train) -c configs/learning\.toml .*": How("check", _cli_parses),
+    r"dart-ray (sft|eval|train) -c configs/(learning|multi-step)\.toml .*": How(
+        "check", _cli_parses
+    ),
     r"make test-fault-schedule": How(
         "check",
         _covered(
