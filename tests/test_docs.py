@@ -193,9 +193,8 @@ HOW: dict[str, How] = {
     r"(\.venv/bin/)?dart-ray status": How("run"),
     r"(\.venv/bin/)?dart-ray report my-run( --out \S+)?": How("run"),
     r"dart-ray config show '[^']*' \| grep \w+": How("run"),
-    r"dart-ray model init --out models/tiny( --seed \d+)?( --min-pixels \d+)?( --max-pixels \d+)?": How(
-        "run"
-    ),
+    r"dart-ray model init --out models/tiny\d?( --seed \d+)?( --min-pixels \d+)?( --max-pixels \d+)?"
+    r"( --layers \d+)?": How("run"),
     r"pytest -m gpu tests/test_gpu_recipe\.py": How("run"),
     # long runs and services: the flags exist
     r"\.venv/bin/python (benchmarks|scripts)/\w+\.py.*": How("flags"),

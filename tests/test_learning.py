@@ -7,7 +7,10 @@ minutes on 2 CPU cores (DART-GUI: +14.6 on OSWorld). Each held-out screen shows 
 buttons and names one; no held-out seed is in the training file. Both checkpoints are
 measured greedily by `dart-ray eval`, one episode per task.
 
-It takes about 25 minutes, so CI's `make test` leaves it out (`make test-learning` runs it).
+The default run's claim (`make run`, +10 points) and the ladder of issue 17 (rung 1: one
+button, +30; rung 2: this claim; rung 3: two or three actions, +10) are tests here too. All
+of them take about 80 minutes, so CI's `make test` leaves them out (`make test-learning` runs
+them).
 """
 
 from __future__ import annotations
