@@ -37,11 +37,23 @@ KL to a frozen reference uses the low-variance k3 estimator (Schulman, "Approxim
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
 
-LossAgg = Literal["token_mean", "seq_mean_token_mean"]
+LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+"""How (B, T) token losses become one number (verl's names):
+
+    token_mean               sum_i sum_t l_it / sum_i T_i        every token weighs the same
+    seq_mean_token_mean      1/B sum_i (1/T_i sum_t l_it)         every sample weighs the same
+    seq_mean_token_sum_norm  1/B sum_i (1/L sum_t l_it)           a fixed length L (Dr. GRPO)
+
+`seq_mean_token_mean` gives a short response's tokens more weight than a long one's (the
+length bias Dr. GRPO removes); `token_mean`'s denominator moves with the batch's total
+length; `seq_mean_token_sum_norm` weighs every token the same whatever the batch holds.
+A sample is one step, so under all three a trajectory weighs by its number of steps: each
+step is a decision its advantage credits (docs/TRAINING.md)."""
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -51,12 +63,18 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
     return (x * m).sum(dim) / m.sum(dim).clamp(min=1)
 
 
-def aggregate(loss_tok: torch.Tensor, mask: torch.Tensor, agg: LossAgg) -> torch.Tensor:
-    """(B, T) token losses -> scalar: mean over all real tokens, or mean of per-sample means."""
+def aggregate(
+    loss_tok: torch.Tensor, mask: torch.Tensor, agg: LossAgg, norm_tokens: int | None = None
+) -> torch.Tensor:
+    """(B, T) token losses -> scalar (`LossAgg`); `norm_tokens` is L of
+    `seq_mean_token_sum_norm` (default: the padded length T)."""
     if agg == "token_mean":
         return masked_mean(loss_tok, mask)
     if agg == "seq_mean_token_mean":
         return masked_mean(loss_tok, mask, dim=1).mean()
+    if agg == "seq_mean_token_sum_norm":
+        length = norm_tokens or loss_tok.shape[-1]
+        return ((loss_tok * mask.to(loss_tok.dtype)).sum(1) / length).mean()
     raise ValueError(f"unknown loss aggregation {agg!r}")
 
 
@@ -68,6 +86,11 @@ def truncated_is_weight(
 
 
 OffPolicy = Literal["token_tis", "token_mask", "seq_mask"]
+
+CAP_TOL = 1e-3
+"""A token counts as capped (`is_capped_frac`) when its log-ratio exceeds log(cap) by more
+than this: the cap then removes more than 0.1% of its weight. Below it the difference is the
+engine's and the trainer's float arithmetic (1e-7 to 1e-4 here), not off-policyness."""
 
 
 def off_policy_weights(
@@ -88,7 +111,9 @@ def off_policy_weights(
     capped = torch.zeros_like(m, dtype=torch.bool)
     if mode == "token_tis":
         w = r.clamp(max=cap)
-        capped = r > cap
+        # capped only where the cap takes a real part of the weight: a ratio of 1 + 1e-7
+        # (float noise between engine and trainer on an on-policy token) is not capped
+        capped = log_r > math.log(cap) + CAP_TOL
         dropped = r <= 0  # the trainer gives the token no mass (outside its top-k / top-p)
     elif mode == "token_mask":
         dropped = (r < low) | (r > high)
@@ -152,6 +177,7 @@ def ppo_clip_loss(
     dual_clip: float | None = None,
     is_weight: torch.Tensor | None = None,
     agg: LossAgg = "token_mean",
+    norm_tokens: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Token-level clipped surrogate. advantages: (B,) per sample or (B, T) per token."""
     adv = _expand(advantages, logp).detach()
@@ -169,7 +195,7 @@ def ppo_clip_loss(
         dual_frac = masked_mean(dual.to(logp.dtype), mask)
     if is_weight is not None:
         loss_tok = loss_tok * is_weight
-    loss = aggregate(loss_tok, mask, agg)
+    loss = aggregate(loss_tok, mask, agg, norm_tokens)
     with torch.no_grad():
         clip_frac = masked_mean((clipped > unclipped).to(logp.dtype), mask)
         metrics = {

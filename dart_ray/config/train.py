@@ -34,8 +34,13 @@ class AlgoConfig(Section):
     """KL coefficient to the frozen reference model; 0 disables the reference model."""
     advantage: Literal["trajectory", "step_weighted"] = "trajectory"
     """GRPO statistics per trajectory, or DART-GUI's step-count-weighted variant."""
-    loss_agg: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
-    """How token losses are reduced to one number."""
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
+    """How token losses are reduced to one number: `token_mean` (every token of the batch
+    weighs the same), `seq_mean_token_mean` (every step sample weighs the same, so a short
+    response's tokens weigh more), `seq_mean_token_sum_norm` (token sums over a fixed length,
+    `loss_norm_tokens`; Dr. GRPO). docs/TRAINING.md says why the default is `token_mean`."""
+    loss_norm_tokens: int | None = Field(default=None, ge=1)
+    """The fixed length L of `seq_mean_token_sum_norm` (default: `policy.max_new_tokens`)."""
 
     @model_validator(mode="after")
     def _band(self) -> AlgoConfig:

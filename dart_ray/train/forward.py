@@ -154,6 +154,21 @@ def collate(
     )
 
 
+@dataclass
+class ResponseScores:
+    """What one forward pass gives the loss, response-aligned (B, T), 0 on padding."""
+
+    logp: torch.Tensor
+    """Log-probs under the sampled distribution (what the behaviour log-probs are of)."""
+    entropy: torch.Tensor
+    """Entropies of the sampled distribution (no gradient)."""
+    logp_full: torch.Tensor | None = None
+    """Log-probs under the untruncated distribution (suppressed tokens removed, temperature
+    applied, no top-k / top-p), when asked for: what a KL to a reference compares. Under
+    truncation a token outside one model's nucleus but inside the other's sits at the -1e4
+    floor and its k3 term would be ~1e4."""
+
+
 def response_logprobs(
     model: torch.nn.Module,
     mb: MicroBatch,
@@ -165,6 +180,20 @@ def response_logprobs(
 
     `suppressed` token ids get no probability, as in the inference engine (which never
     samples special tokens but the end token), so both sides use the same distribution."""
+    scores = score_responses(model, mb, sampling, suppressed)
+    return scores.logp, scores.entropy
+
+
+def score_responses(
+    model: torch.nn.Module,
+    mb: MicroBatch,
+    sampling: SamplingSpec | None = None,
+    suppressed: torch.Tensor | None = None,
+    *,
+    full: bool = False,
+) -> ResponseScores:
+    """`response_logprobs`, and with `full` also the untruncated log-probs from the same
+    forward pass (`ResponseScores.logp_full`)."""
     out = model(
         input_ids=mb.input_ids,
         attention_mask=mb.attention_mask,
@@ -180,11 +209,22 @@ def response_logprobs(
         max=logits.shape[1] - 1
     )  # (B, T)
     sel = logits.gather(1, pos.unsqueeze(-1).expand(b, t, logits.shape[-1])).float()  # (B, T, V)
-    sel = process_logits(sel, sampling or SamplingSpec(), suppressed)
-    logp_all = torch.log_softmax(sel, dim=-1)
-    logp = logp_all.gather(-1, mb.response_ids.unsqueeze(-1)).squeeze(-1).clamp(min=LOGP_FLOOR)
-    entropy = entropy_of(logp_all)
+    spec = sampling or SamplingSpec()
     # padding may hold a suppressed id: select, never multiply by the mask
     real = mb.response_mask.bool()
-    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
-    return torch.where(real, logp, zero), torch.where(real, entropy, zero).detach()
+    zero = torch.zeros((), dtype=sel.dtype, device=sel.device)
+
+    def logp_of(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logp_all = torch.log_softmax(z, dim=-1)
+        logp = logp_all.gather(-1, mb.response_ids.unsqueeze(-1)).squeeze(-1)
+        return torch.where(real, logp.clamp(min=LOGP_FLOOR), zero), logp_all
+
+    logp, logp_all = logp_of(process_logits(sel, spec, suppressed))
+    entropy = torch.where(real, entropy_of(logp_all), zero).detach()
+    full_logp = None
+    if full:
+        untruncated = SamplingSpec(temperature=spec.temperature)
+        full_logp = (
+            logp if not spec.truncates else logp_of(process_logits(sel, untruncated, suppressed))[0]
+        )
+    return ResponseScores(logp, entropy, full_logp)

@@ -47,7 +47,7 @@ from dart_ray.algo.losses import (
 from dart_ray.algo.sampling import SamplingSpec
 from dart_ray.config import Config
 from dart_ray.records import SAMPLE_SCHEMA
-from dart_ray.train.forward import MicroBatch, collate, response_logprobs
+from dart_ray.train.forward import MicroBatch, collate, response_logprobs, score_responses
 from dart_ray.train.fsdp import comm_device
 
 
@@ -63,6 +63,9 @@ class LossSettings:
     mask_high: float = 2.0
     kl_beta: float = 0.0
     loss_agg: LossAgg = "token_mean"
+    norm_tokens: int | None = None
+    """L of `seq_mean_token_sum_norm` (required by it: a micro-batch's own padded length
+    would weigh tokens by how samples fall into micro-batches)."""
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
     """The distribution the rollouts were sampled from (greedy: temperature 1)."""
     ppo_epochs: int = 1
@@ -83,6 +86,7 @@ def loss_settings(c: Config) -> LossSettings:
         mask_high=a.mask_high,
         kl_beta=a.kl_beta,
         loss_agg=a.loss_agg,
+        norm_tokens=a.loss_norm_tokens or p.max_new_tokens,
         sampling=SamplingSpec(p.temperature, p.top_k, p.top_p),
         ppo_epochs=c.train.ppo_epochs,
         minibatches=c.train.minibatches,
@@ -153,6 +157,8 @@ class Learner:
         suppressed_ids: list[int] | None = None,
         device: torch.device | str = "cpu",
     ) -> None:
+        if settings.loss_agg == "seq_mean_token_sum_norm" and settings.norm_tokens is None:
+            raise ValueError("loss_agg 'seq_mean_token_sum_norm' needs norm_tokens (its L)")
         self.model = model
         self.device = torch.device(device)
         self.ref_model = ref_model
@@ -255,7 +261,9 @@ class Learner:
     ) -> tuple[torch.Tensor, dict[str, float]]:
         s = self.s
         mask = mb.response_mask
-        logp, entropy = self._logprobs(self.model, mb)
+        kl = self.ref_model is not None and s.kl_beta > 0
+        scores = score_responses(self.model, mb, s.sampling, self.suppressed, full=kl)
+        logp, entropy = scores.logp, scores.entropy
         prox = logp.detach() if logp_old is None else logp_old
         w, m_is = off_policy_weights(
             prox,
@@ -279,6 +287,7 @@ class Learner:
                 dual_clip=s.dual_clip,
                 is_weight=w,
                 agg=s.loss_agg,
+                norm_tokens=s.norm_tokens,
             )
             denom = n_tok if s.loss_agg == "token_mean" else n_seq
             scale = scale_tok if s.loss_agg == "token_mean" else scale_seq
@@ -293,12 +302,14 @@ class Learner:
                 is_weight=w,
             )
             denom, scale = n_seq, scale_seq
-        if self.ref_model is not None and s.kl_beta > 0:
+        if kl and scores.logp_full is not None and self.ref_model is not None:
+            # both sides untruncated: the KL is between the models, not their nuclei
+            full = SamplingSpec(temperature=s.sampling.temperature)
             with torch.no_grad():
-                ref_logp, _ = self._logprobs(self.ref_model, mb)
-            kl = aggregate(kl_k3(logp, ref_logp), mask, s.loss_agg)
-            loss = loss + s.kl_beta * kl
-            m["kl_ref"] = float(kl)
+                ref_logp, _ = response_logprobs(self.ref_model, mb, full, self.suppressed)
+            kl_ref = aggregate(kl_k3(scores.logp_full, ref_logp), mask, s.loss_agg, s.norm_tokens)
+            loss = loss + s.kl_beta * kl_ref
+            m["kl_ref"] = float(kl_ref)
         m.update(m_is)
         m.update(mismatch_metrics(prox, mb.behaviour_logprobs, mask))
         if version is not None:  # tokens sampled by the weights the trainer holds: the gap

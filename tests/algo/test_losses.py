@@ -67,6 +67,30 @@ def test_mask_excludes_padding_and_aggregation_modes() -> None:
     # token_mean: (-1 - 6) / 4 = -1.75 ; seq_mean_token_mean: (-1 + -2) / 2 = -1.5
     assert float(aggregate(loss_tok, mask, "token_mean")) == pytest.approx(-1.75)
     assert float(aggregate(loss_tok, mask, "seq_mean_token_mean")) == pytest.approx(-1.5)
+    # seq_mean_token_sum_norm with L = 4: (-1 / 4 + -6 / 4) / 2 = -0.875; L defaults to T = 3:
+    # (-1 / 3 + -6 / 3) / 2 = -7 / 6
+    agg = "seq_mean_token_sum_norm"
+    assert float(aggregate(loss_tok, mask, agg, 4)) == pytest.approx(-0.875)
+    assert float(aggregate(loss_tok, mask, agg)) == pytest.approx(-7 / 6)
+
+
+def test_a_fixed_length_normaliser_weighs_every_token_the_same_across_batches() -> None:
+    # a token's gradient under seq_mean_token_sum_norm is A / (B L) whatever the other
+    # samples' lengths; under seq_mean_token_mean it is A / (B T_i): a 1-token response's
+    # token weighs 3x a 3-token response's. d loss / d logp at ratio 1 = -A * w.
+    logp = torch.zeros(2, 3, requires_grad=True)
+    mask = torch.tensor([[1, 0, 0], [1, 1, 1]])
+    adv = torch.tensor([1.0, 1.0])
+    for agg, want in [
+        ("seq_mean_token_sum_norm", [[-1 / 8, 0, 0], [-1 / 8, -1 / 8, -1 / 8]]),
+        ("seq_mean_token_mean", [[-1 / 2, 0, 0], [-1 / 6, -1 / 6, -1 / 6]]),
+    ]:
+        logp.grad = None
+        loss, _ = ppo_clip_loss(
+            logp, logp.detach(), adv, mask, eps_low=0.2, eps_high=0.2, agg=agg, norm_tokens=4
+        )
+        loss.backward()
+        assert torch.allclose(logp.grad, torch.tensor(want))  # type: ignore[arg-type]
 
 
 def test_truncated_is_weight_caps() -> None:
@@ -123,6 +147,16 @@ def test_off_policy_token_tis() -> None:
     w, m = off_policy_weights(prox, beh, torch.ones(1, 4), mode="token_tis", cap=2.0)
     assert w.tolist()[0] == pytest.approx([0.5, 1.0, 2.0, 0.0])
     assert m == pytest.approx({"is_capped_frac": 0.25, "is_masked_frac": 0.25})
+
+
+def test_float_noise_on_the_ratio_is_not_counted_as_capped() -> None:
+    # on-policy tokens whose engine and trainer log-probs differ by float noise: r = 1 + 1e-7,
+    # 1 - 1e-6, 1 + 1e-5 against cap 1 -> weights ~1 and nothing capped; the fourth token's
+    # r = 1.5 loses a third of its weight to the cap: 1 of 4 capped
+    prox = torch.tensor([[1e-7, -1e-6, 1e-5, LN(1.5)]])
+    w, m = off_policy_weights(prox, torch.zeros(1, 4), torch.ones(1, 4), cap=1.0)
+    assert w.tolist()[0] == pytest.approx([1.0, 1.0, 1.0, 1.0], abs=1e-5)
+    assert m["is_capped_frac"] == pytest.approx(0.25)
 
 
 def test_off_policy_token_mask_icepop() -> None:

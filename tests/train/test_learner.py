@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from dart_ray.algo.losses import ppo_clip_loss
+from dart_ray.algo.losses import kl_k3, ppo_clip_loss
 from dart_ray.algo.sampling import SamplingSpec
 from dart_ray.config import load_config
 from dart_ray.data.batches import to_record_batch
@@ -262,3 +262,73 @@ def test_collate_reads_arrow_buffers_of_a_sliced_batch(
         assert mb.behaviour_logprobs[b, :n].tolist() == pytest.approx(r["behaviour_logprobs"])
         assert mb.response_mask[b, :n].tolist() == r["loss_mask"]
         assert float(mb.advantages[b]) == pytest.approx(r["advantage"])
+
+
+def test_kl_to_the_reference_compares_untruncated_distributions(
+    engine: HFEngine, tiny_model_dir: Path
+) -> None:
+    """Rollouts at top-p 0.5; the reference is the same model with its output layer
+    perturbed, so sampled tokens inside the policy's nucleus fall outside the reference's.
+    Truncated, each such token sits at the -1e4 floor and its k3 term is ~1e4; the KL the
+    learner reports (and trains on) must be the one between the untruncated distributions."""
+    torch.manual_seed(3)
+    cfg = load_config(None, ["policy.top_p=0.5", "algo.kl_beta=0.1"])
+    batch = samples(engine, [1.0, -1.0, 0.5, -0.5], SamplingParams(1.0, 0.5, 12))
+    proc = PolicyProcessor.from_dir(tiny_model_dir)
+    model, ref = load_model(tiny_model_dir), load_model(tiny_model_dir)
+    with torch.no_grad():
+        head = ref.lm_head.weight  # type: ignore[union-attr]
+        head.add_(torch.randn_like(head) * head.std() * 2)
+    learner = Learner(
+        model,
+        proc.image_processor,
+        image_pad_id=proc.image_pad_id,
+        pad_id=proc.pad_id,
+        settings=loss_settings(cfg),
+        lr=0.0,
+        ref_model=ref,
+        suppressed_ids=proc.suppressed_ids(),
+    )
+    mb = collate(batch, proc.image_processor, image_pad_id=proc.image_pad_id, pad_id=proc.pad_id)
+    mask = mb.response_mask.bool()
+    nucleus = loss_settings(cfg).sampling
+    with torch.no_grad():
+        cur, _ = response_logprobs(model, mb, SamplingSpec(1.0), learner.suppressed)
+        want = kl_k3(cur, response_logprobs(ref, mb, SamplingSpec(1.0), learner.suppressed)[0])
+        truncated = response_logprobs(ref, mb, nucleus, learner.suppressed)[0]
+    assert (truncated[mask] <= -1e3).any()  # the case under test: outside the ref's nucleus
+    metrics = learner.step(batch)
+    assert metrics["kl_ref"] == pytest.approx(float(want[mask].mean()), rel=1e-4)
+    assert 0 < metrics["kl_ref"] < 10
+
+
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
+def test_the_gradient_does_not_depend_on_how_samples_fall_into_micro_batches(
+    engine: HFEngine, tiny_model_dir: Path, agg: str
+) -> None:
+    """Each aggregation is normalised by the minibatch's global counts (tokens, samples, or
+    the fixed L), so one micro-batch of four samples and four micro-batches of one give the
+    same gradient."""
+    batch = samples(engine, [1.0, -1.0, 0.5, -0.25])
+    proc = PolicyProcessor.from_dir(tiny_model_dir)
+    grads = []
+    for budget in (100_000, 40):
+        model = load_model(tiny_model_dir)
+        learner = Learner(
+            model,
+            proc.image_processor,
+            image_pad_id=proc.image_pad_id,
+            pad_id=proc.pad_id,
+            settings=LossSettings(loss_agg=agg, norm_tokens=64),  # type: ignore[arg-type]
+            lr=0.0,
+            grad_clip=1e9,
+            tokens_per_micro=budget,
+            suppressed_ids=proc.suppressed_ids(),
+        )
+        m = learner.step(batch)
+        assert m["micro_batches"] == (1.0 if budget > 40 else 4.0)
+        grads.append(
+            torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        )
+    assert grads[0].abs().sum() > 0
+    assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
