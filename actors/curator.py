@@ -121,7 +121,12 @@ class Curator:
     ) -> None:
         store = open_store(config, wait=True)
         self.core = CuratorCore(
-            store.log, store.blobs, settings_from_config(config, run_id, num_ranks)
+            store.log,
+            store.blobs,
+            settings_from_config(config, run_id, num_ranks),
+            # the durable source of versions: a restarted curator judges staleness against
+            # the newest published version from its first poll, and drops discarded ones
+            lineage=lambda: store.checkpoints.lineage(run_id),
         )
         self.poll_interval_s = poll_interval_s
         self._lock = asyncio.Lock()

@@ -24,7 +24,7 @@ from dart_ray.config import Config
 from dart_ray.report import RunReport, build_report
 from dart_ray.store.episodes import log_unfinished
 from dart_ray.store.runs import finish_run
-from dart_ray.train.worker import resume_point, settle_lineage
+from dart_ray.train.worker import resume_from_durable
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +49,8 @@ def _fit_in_background(parts: runtime.Parts, errors: list[BaseException]) -> thr
                     return
                 restarts -= 1
                 log.warning("trainer failed (%s); starting it again from the last checkpoint", e)
-                path, parts.start = resume_point(parts.store, parts.run_id)
+                path, parts.start = resume_from_durable(parts.store, parts.run_id)
                 if path is not None:
-                    settle_lineage(parts.store, parts.run_id, path)
                     parts.model_dir = Path(path)
 
     t = threading.Thread(target=fit, name="trainer", daemon=True)

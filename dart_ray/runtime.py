@@ -41,7 +41,7 @@ from dart_ray.store import Store, open_store
 from dart_ray.store.episodes import log_unfinished
 from dart_ray.store.runs import finish_run, register_run
 from dart_ray.train.checkpointing import TrainerState
-from dart_ray.train.worker import TrainJob, resume_point, settle_lineage, train_loop_per_worker
+from dart_ray.train.worker import TrainJob, resume_from_durable, train_loop_per_worker
 
 log = logging.getLogger(__name__)
 
@@ -303,10 +303,9 @@ def start(config: Config) -> Parts:
     start_state = TrainerState(0, 0)
     model_dir = prepare_model(config, run_dir)
     if config.run.resume:
-        path, start_state = resume_point(store, run_id)
+        path, start_state = resume_from_durable(store, run_id)
         if path is not None:
             model_dir = Path(path)
-            settle_lineage(store, run_id, path)
         # nothing else consumes this run now: rows the last trainer held go back at once,
         # and the episodes that were running when it stopped are logged as ABORTED
         store.log.expire_leases(run_id, now=_far_future())

@@ -24,19 +24,24 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 
 from dart_ray.data.batches import pack
 from dart_ray.data.curation import CurationParams, GroupOutcome, curate_group
-from dart_ray.data.grouping import GroupBuffer
+from dart_ray.data.grouping import GroupBuffer, PendingGroup
 from dart_ray.records import Trajectory
 from dart_ray.store.blobs import BlobStore
+from dart_ray.store.checkpoints import Lineage
 from dart_ray.store.log import Claim, DurableLog, LeaseLostError
 from dart_ray.store.log_rows import LogRow
 
 log = logging.getLogger(__name__)
+
+DISCARDED_WEIGHTS = "discarded_weights"
+"""Drop reason of a row whose version's weights are gone (`CheckpointRegistry.discard_above`)."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,8 @@ class TrainStep:
     mean_reward: float
     min_version: int = 0
     """The oldest weight version among the step's rows (the staleness check at hand-out)."""
+    groups: list[GroupOutcome] = field(default_factory=list)
+    """The curated groups it packs (a replay that goes stale is taken out, the rest kept)."""
 
 
 @dataclass
@@ -92,7 +99,8 @@ class CuratorMetrics:
     replays: int = 0
     replays_stale: int = 0
     """All-fail groups whose task's newest success was older than the staleness bound (so
-    not replayed)."""
+    not replayed), or whose replay went past the bound while the group waited (then the
+    replay alone is taken out; the group's own samples still train)."""
     released_rows: int = 0
     """Rows of handed-out steps given back because their trainer went away."""
     dropped: Counter[str] = field(default_factory=Counter)
@@ -101,12 +109,25 @@ class CuratorMetrics:
 
 
 class CuratorCore:
-    def __init__(self, log_: DurableLog, blobs: BlobStore, settings: CuratorSettings) -> None:
+    def __init__(
+        self,
+        log_: DurableLog,
+        blobs: BlobStore,
+        settings: CuratorSettings,
+        lineage: Callable[[], Lineage] | None = None,
+    ) -> None:
+        """`lineage` reads the run's versions from the durable registry
+        (`CheckpointRegistry.lineage`): at construction, so a curator that Ray restarts
+        judges staleness against the newest published version at once, not against 0 until
+        the trainer speaks, and at every `set_version`, so it learns of discarded versions."""
         self.log = log_
         self.blobs = blobs
         self.s = settings
         self.groups = self._group_buffer()
         self.version = 0
+        self.discarded: frozenset[int] = frozenset()
+        """Versions whose weights are gone (a trainer resumed below them): their rows drop."""
+        self._lineage = lineage
         self.queue: deque[TrainStep] = deque()
         self.in_flight: dict[int, TrainStep] = {}
         self.metrics = CuratorMetrics()
@@ -116,12 +137,22 @@ class CuratorCore:
         self._ready: list[GroupOutcome] = []  # curated, trainable, waiting for a step
         self._next_step = 0
         self._last_renew = time.monotonic()
+        self._read_lineage()
 
     # ------------------------------------------------------------------ inputs
 
     def set_version(self, version: int) -> None:
-        """The newest published weight version; staleness is measured against it."""
+        """The newest published weight version; staleness is measured against it (or
+        against the registry's newest, whichever is higher: versions only go up)."""
         self.version = max(self.version, version)
+        self._read_lineage()
+
+    def _read_lineage(self) -> None:
+        if self._lineage is None:
+            return
+        lin = self._lineage()
+        self.version = max(self.version, lin.newest)
+        self.discarded = lin.discarded
 
     def poll(self, now: float | None = None) -> int:
         """One round of claiming and curating; returns how many rows were claimed."""
@@ -157,6 +188,9 @@ class CuratorCore:
         for row in claim.rows:
             self._claims[row.id] = claim
             self._versions[row.id] = row.version_num
+            if row.version_num in self.discarded:
+                self._settle_drop(row.id, DISCARDED_WEIGHTS)
+                continue
             self.metrics.staleness[self.version - row.version_num] += 1
             try:
                 self._trajectories[row.id] = self.blobs.read(row.uri)
@@ -180,7 +214,7 @@ class CuratorCore:
         except (FileNotFoundError, ValueError, OSError) as e:
             log.warning("replay blob for task %s unreadable: %s", task_id, e)
             return None
-        if replay.min_version < self.min_version:  # the bound holds for replays too
+        if self._unfit(replay.min_version):  # the bound holds for replays too
             self.metrics.replays_stale += 1
             return None
         return replay
@@ -203,27 +237,34 @@ class CuratorCore:
             out = self._curate(group)
             if out.samples:
                 self._ready.append(out)
+        self._pack_steps()
+
+    def _pack_steps(self) -> None:
         gps = self.s.groups_per_step
         while len(self._ready) >= gps and len(self.queue) < self.s.queue_depth:
             outs, self._ready = self._ready[:gps], self._ready[gps:]
-            samples = [s for o in outs for s in o.samples]
-            rewards = [r for o in outs for r in o.rewards]
-            rows = [r for o in outs for r in o.trained_rows]
-            # the oldest sample, a replay's included (the hand-out staleness check reads it)
-            oldest = min([self._versions[r] for r in rows] + [s.weight_version for s in samples])
-            step = TrainStep(
-                step_id=-1,
-                shards=pack(samples, self.s.num_ranks),
-                rows=rows,
-                claims=self._sub_claims(rows),
-                num_samples=len(samples),
-                num_groups=len(outs),
-                mean_reward=sum(rewards) / len(rewards),
-                min_version=oldest,
-            )
+            step = self._make_step(outs)
             self.queue.append(step)
             self.metrics.steps_formed += 1
-            self.metrics.samples_formed += len(samples)
+            self.metrics.samples_formed += step.num_samples
+
+    def _make_step(self, outs: list[GroupOutcome]) -> TrainStep:
+        samples = [s for o in outs for s in o.samples]
+        rewards = [r for o in outs for r in o.rewards]
+        rows = [r for o in outs for r in o.trained_rows]
+        # the oldest sample, a replay's included (the hand-out staleness check reads it)
+        oldest = min([self._versions[r] for r in rows] + [s.weight_version for s in samples])
+        return TrainStep(
+            step_id=-1,
+            shards=pack(samples, self.s.num_ranks),
+            rows=rows,
+            claims=self._sub_claims(rows),
+            num_samples=len(samples),
+            num_groups=len(outs),
+            mean_reward=sum(rewards) / len(rewards),
+            min_version=oldest,
+            groups=outs,
+        )
 
     # ------------------------------------------------------------------ outputs
 
@@ -307,32 +348,66 @@ class CuratorCore:
         """The oldest version a row may come from to reach a gradient now."""
         return self.version - self.s.max_staleness
 
+    def _unfit(self, version: int) -> str | None:
+        """Why a sample of `version` may not reach a gradient now, or None."""
+        if version in self.discarded:
+            return DISCARDED_WEIGHTS
+        if version < self.min_version:
+            return "stale"
+        return None
+
+    def _keep_group(self, out: GroupOutcome) -> bool:
+        """Whether a curated group may still train. Its own rows are judged as a whole (a
+        GRPO group never trains with part of its members): one unfit row drops them all. A
+        replay that went unfit is only taken out: it was an extra sample, and the members'
+        advantages stay valid (the replay only moved their baseline)."""
+        for why in filter(None, (self._unfit(self._versions[r]) for r in out.trained_rows)):
+            self._settle_drops(out.trained_rows, why)
+            return False
+        if out.replayed is not None:
+            replay = [s for s in out.samples if s.trajectory_id == out.replayed]
+            if replay and self._unfit(min(s.weight_version for s in replay)):
+                out.samples = [s for s in out.samples if s.trajectory_id != out.replayed]
+                out.replayed = None
+                self.metrics.replays_stale += 1
+        return True
+
     def _drop_stale_held(self) -> None:
-        """Drop every held row older than the bound, wherever it waits: a group still
-        filling, a curated group, a queued step (each as a whole, so a GRPO group is never
-        trained with part of its members)."""
-        lo = self.min_version
-        for rows in self.groups.pop_where(lambda p: any(r.version_num < lo for r in p.rows)):
-            self._settle_drops([r.id for r in rows], "stale")
-        fresh = []
-        for out in self._ready:
-            if any(self._versions[r] < lo for r in out.trained_rows):
-                self._settle_drops(out.trained_rows, "stale")
-            else:
-                fresh.append(out)
-        self._ready = fresh
+        """Drop every held row that may no longer train, wherever it waits: a group still
+        filling, a curated group, a queued step."""
+
+        def unfit(p: PendingGroup) -> bool:
+            return any(self._unfit(r.version_num) for r in p.rows)
+
+        for rows in self.groups.pop_where(unfit):
+            why = next(filter(None, (self._unfit(r.version_num) for r in rows)))
+            self._settle_drops([r.id for r in rows], why)
+        self._ready = [out for out in self._ready if self._keep_group(out)]
         self._drop_stale_queued()
 
     def _drop_stale_queued(self) -> None:
-        lo = self.min_version
-        while any(st.min_version < lo for st in self.queue):
-            keep: deque[TrainStep] = deque()
-            for st in self.queue:
-                if st.min_version < lo:
-                    self._settle_drops(st.rows, "stale")
-                else:
-                    keep.append(st)
-            self.queue = keep
+        """A queued step keeps its groups that may still train; one that lost a group gives
+        the rest back to the front of the ready groups, to form a step again; one that only
+        lost a stale replay is packed again without it."""
+        keep: deque[TrainStep] = deque()
+        back: list[GroupOutcome] = []
+        for st in self.queue:
+            samples = st.num_samples
+            groups = [g for g in st.groups if self._keep_group(g)]
+            if len(groups) < len(st.groups):
+                back.extend(groups)
+                self.metrics.steps_formed -= 1
+                self.metrics.samples_formed -= samples
+            elif sum(len(g.samples) for g in groups) < samples:
+                repacked = self._make_step(groups)
+                self.metrics.samples_formed -= samples - repacked.num_samples
+                keep.append(repacked)
+            else:
+                keep.append(st)
+        self.queue = keep
+        if back:
+            self._ready[:0] = back
+            self._pack_steps()
 
     # ------------------------------------------------------------------ helpers
 

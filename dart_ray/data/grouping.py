@@ -19,7 +19,7 @@ from dart_ray.store.log_rows import LogRow
 
 
 @dataclass
-class _Pending:
+class PendingGroup:
     target: int
     first_seen: float
     rows: list[LogRow] = field(default_factory=list)
@@ -37,7 +37,7 @@ class GroupBuffer:
         self.min_group = min_group
         self.timeout_s = timeout_s
         self.abandon_s = abandon_s
-        self._pending: dict[str, _Pending] = {}
+        self._pending: dict[str, PendingGroup] = {}
 
     @staticmethod
     def key(row: LogRow) -> str:
@@ -48,7 +48,7 @@ class GroupBuffer:
         p = self._pending.get(k)
         if p is None:
             target = row.group_size if row.group_id and row.group_size > 0 else self.default_size
-            p = self._pending[k] = _Pending(target=target, first_seen=now)
+            p = self._pending[k] = PendingGroup(target=target, first_seen=now)
         p.rows.append(row)
 
     def pop_ready(self, now: float) -> list[list[LogRow]]:
@@ -68,7 +68,7 @@ class GroupBuffer:
             lambda p: now - p.first_seen >= self.abandon_s and p.final < self.min_group
         )
 
-    def pop_where(self, pred: Callable[[_Pending], bool]) -> list[list[LogRow]]:
+    def pop_where(self, pred: Callable[[PendingGroup], bool]) -> list[list[LogRow]]:
         """Remove and return the rows of every pending group matching `pred`."""
         gone = [k for k, p in self._pending.items() if pred(p)]
         return [self._pending.pop(k).rows for k in gone]

@@ -3,6 +3,12 @@
     PENDING -> RUNNING -> COMPLETED -> DEPRECATED
          \\         \\-> FAILED (with the reason)
           \\-> FAILED
+    any of PENDING, RUNNING, COMPLETED, FAILED -> DISCARDED
+
+DISCARDED marks a version whose weights are gone: a trainer resumed from the durable
+checkpoint below it (`discard_above`). Samples that version generated came from weights
+outside the run's lineage; `lineage()` is what every component reads to judge a sample's
+version (the newest version published, and the discarded ones).
 
 DART-GUI's release created rows and never moved them; here every move is a compare-and-set on
 the current status, so two writers cannot both complete a checkpoint and an illegal move
@@ -22,19 +28,33 @@ from dart_ray.masking import mask_text
 from dart_ray.store.clock import utcnow
 from dart_ray.store.db import RetryPolicy, checkpoint
 
-PENDING, RUNNING, COMPLETED, FAILED, DEPRECATED = (
+PENDING, RUNNING, COMPLETED, FAILED, DEPRECATED, DISCARDED = (
     "PENDING",
     "RUNNING",
     "COMPLETED",
     "FAILED",
     "DEPRECATED",
+    "DISCARDED",
 )
 _ALLOWED_FROM = {
     RUNNING: (PENDING,),
     COMPLETED: (RUNNING,),
     FAILED: (PENDING, RUNNING),
     DEPRECATED: (COMPLETED,),
+    DISCARDED: (PENDING, RUNNING, COMPLETED, FAILED),
 }
+
+
+@dataclass(frozen=True, slots=True)
+class Lineage:
+    """What the registry says about a run's versions, for judging a sample's version."""
+
+    newest: int
+    """The highest version ever registered (published or being published): versions only go
+    up, so staleness is measured against at least this."""
+    discarded: frozenset[int]
+    """Versions whose weights are gone (a trainer resumed from an older durable checkpoint);
+    their samples are from outside the lineage and train nothing."""
 
 
 class CheckpointStateError(RuntimeError):
@@ -168,6 +188,40 @@ class CheckpointRegistry:
 
     def deprecate(self, cid: int) -> None:
         self._move(cid, DEPRECATED)
+
+    def discard_above(self, run_id: str, version_num: int, reason: str) -> list[int]:
+        """Mark every version of the run above `version_num` DISCARDED (their weights are
+        lost: a trainer resumes from `version_num`); returns the versions it marked."""
+        cp = checkpoint.c
+
+        def txn() -> list[int]:
+            with self.engine.begin() as c:
+                where = (
+                    cp.run_id == run_id,
+                    cp.version_num > version_num,
+                    cp.status.in_(_ALLOWED_FROM[DISCARDED]),
+                    cp.deleted_at.is_(None),
+                )
+                versions = sorted(c.scalars(sa.select(cp.version_num).where(*where)))
+                if versions:
+                    now = utcnow()
+                    c.execute(
+                        checkpoint.update()
+                        .where(*where)
+                        .values(status=DISCARDED, updated_at=now, error=mask_text(reason)[:60000])
+                    )
+                return versions
+
+        return self.retry.run(txn, "checkpoint discard")
+
+    def lineage(self, run_id: str) -> Lineage:
+        cp = checkpoint.c
+        q = sa.select(cp.version_num, cp.status).where(cp.run_id == run_id, cp.deleted_at.is_(None))
+        rows = self._fetch(q)
+        return Lineage(
+            newest=max((r.version_num for r in rows), default=0),
+            discarded=frozenset(r.version_num for r in rows if r.status == DISCARDED),
+        )
 
     def delete(self, cid: int) -> None:
         """Soft delete: the row stays for lineage, but no query of the registry returns it."""

@@ -286,8 +286,6 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     step, version = job.start.step, job.start.version
     synced_step, saved_step = step, step
     durable = version if job.start.durable_version is None else job.start.durable_version
-    ray.get(curator.set_version.remote(version))
-
     last_cid = -1
 
     def sync(*, bump: bool, save: bool) -> float:
@@ -315,6 +313,13 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             saved_step, durable = step, version
         ray.get(curator.set_version.remote(version))
         return seconds
+
+    if durable < version:
+        # resumed below the versions the replicas serve (their weights are gone): publish the
+        # weights it holds at once, so replicas stop sampling from the discarded ones
+        sync(bump=True, save=False)
+    else:
+        ray.get(curator.set_version.remote(version))
 
     while should_train(version, durable, c.run.max_versions):
         res = _next_shard(
@@ -379,6 +384,29 @@ def settle_lineage(store: Store, run_id: str, path: str) -> int:
             "checkpoint v%d: %d trained rows were never acknowledged; settled", state.version, n
         )
     return n
+
+
+def resume_from_durable(store: Store, run_id: str) -> tuple[str | None, TrainerState]:
+    """Where a resumed or restarted trainer starts (`resume_point`), with the log made to
+    agree with it first: the rows its checkpoint trained are consumed (`settle_lineage`),
+    and every version published above the durable one is DISCARDED: those weights are gone,
+    so the samples they generated (logged, queued, or still being rolled out on replicas
+    that serve them) are outside the lineage and must not pass as fresh. The curator reads
+    the discarded versions from the registry and drops their rows."""
+    path, state = resume_point(store, run_id)
+    if path is not None:
+        settle_lineage(store, run_id, path)
+    if state.durable_version is not None:
+        gone = store.checkpoints.discard_above(
+            run_id,
+            state.durable_version,
+            f"weights lost: the trainer resumed from v{state.durable_version}",
+        )
+        if gone:
+            log.warning(
+                "versions %s were never made durable; their samples will not be trained", gone
+            )
+    return path, state
 
 
 def resume_point(store: Store, run_id: str) -> tuple[str | None, TrainerState]:

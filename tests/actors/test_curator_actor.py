@@ -170,3 +170,26 @@ def test_metrics_never_miss_rows_a_poll_has_claimed(tmp_path: Path) -> None:
     ray.get(cur.shutdown.remote())
     ray.kill(cur)
     store.dispose()
+
+
+def test_a_restarted_curator_judges_staleness_against_the_published_version(
+    tmp_path: Path,
+) -> None:
+    """The run has published up to version 5 (bound 2). Ray restarts the curator; before any
+    trainer speaks to it, its first step must not be the version-0 rows. Before, the actor
+    started at version 0 (bound -2) and handed the oldest rows out first."""
+    cfg, store = setup(tmp_path, "curation.groups_per_step=1", "curation.max_staleness=2")
+    for v in range(1, 6):
+        cid = store.checkpoints.create("run-a", v)
+        store.checkpoints.start(cid)
+        store.checkpoints.complete(cid)
+    cur = Curator.remote(cfg, "run-a", 1, 0.05)  # type: ignore[attr-defined]
+    ray.get(cur.metrics.remote())
+    ray.kill(cur, no_restart=False)  # Ray restarts it: its constructor runs again
+    write_group(store.log, store.blobs, "old", 0, [1.0, 0.0, 0.0, 0.0], version=0)
+    write_group(store.log, store.blobs, "new", 0, [1.0, 0.0, 0.0, 0.0], version=5)
+    shard, info = ray.get(cur.get_shard.remote(1, 0, 0, timeout_s=60))
+    assert set(shard.column("weight_version").to_pylist()) == {5} and info.num_rows == 4
+    assert ray.get(cur.metrics.remote())["dropped"] == {"stale": 4}
+    ray.kill(cur)
+    store.dispose()

@@ -15,6 +15,7 @@ from dart_ray.data.curation import CurationParams
 from dart_ray.data.curator import CuratorCore, CuratorSettings
 from dart_ray.records import SAMPLE_SCHEMA, Status
 from dart_ray.store.blobs import BlobStore
+from dart_ray.store.checkpoints import CheckpointRegistry
 from dart_ray.store.db import RowState, dataset_usage_events, rollout_run
 from dart_ray.store.log import DurableLog
 from tests.factories import make_trajectory
@@ -286,3 +287,106 @@ def test_a_slow_trainer_leaves_rows_in_the_log_not_in_memory(
         trained += len(step.rows)
     available = log.buffer("run-a").get((0, RowState.AVAILABLE), 0)
     assert available == 120 - trained - core.metrics.held_rows >= 100
+
+
+def _publish(reg: CheckpointRegistry, *versions: int) -> None:
+    for v in versions:
+        cid = reg.create("run-a", v)
+        reg.start(cid)
+        reg.complete(cid)
+
+
+def test_a_new_curator_judges_staleness_against_the_registry_at_once(
+    log: DurableLog, engine: Engine, tmp_path: Path
+) -> None:
+    """The run has published up to version 5 (bound 2: rows must be >= 3). A curator that
+    starts now (Ray restarted it) must drop the version-0 rows a dead curator held, not hand
+    them out before the trainer tells it the version. Before, its version was 0 until then,
+    the bound -2, and the oldest rows went out first."""
+    blobs = BlobStore(tmp_path / "blobs")
+    reg = CheckpointRegistry(engine)
+    _publish(reg, 1, 2, 3, 4, 5)
+    write_group(log, blobs, "old", 0, [1.0, 0.0, 0.0, 0.0], version=0)
+    write_group(log, blobs, "new", 0, [1.0, 0.0, 0.0, 0.0], version=5)
+    core = CuratorCore(
+        log,
+        blobs,
+        settings(groups_per_step=1, max_staleness=2),
+        lineage=lambda: reg.lineage("run-a"),
+    )
+    assert core.version == 5
+    core.poll()
+    step = core.take_step()
+    assert step is not None and step.min_version == 5 and core.take_step() is None
+    _, drops, _ = settled(engine)
+    assert drops == Counter({"stale": 4})
+
+
+def test_rows_of_discarded_versions_never_train(
+    log: DurableLog, engine: Engine, tmp_path: Path
+) -> None:
+    """Versions 1-4 were published; the trainer died and resumed from the durable v2, so the
+    weights of v3 and v4 are gone (`discard_above`). Rows they generated, whether queued
+    before the resume or logged after it by replicas still serving v4, are dropped as
+    `discarded_weights`, although they are within the staleness bound of the new v5. Rows
+    of v2 (the resumed weights' own) and v5 train. Before, v3/v4 rows passed as fresh."""
+    blobs = BlobStore(tmp_path / "blobs")
+    reg = CheckpointRegistry(engine)
+    _publish(reg, 1, 2, 3, 4)
+    core = CuratorCore(
+        log,
+        blobs,
+        settings(groups_per_step=1, max_staleness=3, queue_depth=4),
+        lineage=lambda: reg.lineage("run-a"),
+    )
+    write_group(log, blobs, "queued", 0, [1.0, 0.0, 0.0, 0.0], version=3)
+    core.poll()
+    assert core.metrics.queue_depth == 1
+    assert reg.discard_above("run-a", 2, "resumed from v2") == [3, 4]
+    _publish(reg, 5)  # the resumed trainer publishes its weights (v2's) as v5
+    core.set_version(5)
+    write_group(log, blobs, "late", 0, [1.0, 0.0, 0.0, 0.0], version=4)
+    write_group(log, blobs, "ancestor", 0, [1.0, 0.0, 0.0, 0.0], version=2)
+    write_group(log, blobs, "fresh", 0, [1.0, 0.0, 0.0, 0.0], version=5)
+    core.poll()
+    steps = [core.take_step() for _ in range(3)]
+    trained = sorted(st.min_version for st in steps if st is not None)
+    assert trained == [2, 5]
+    _, drops, _ = settled(engine)
+    assert drops == Counter({"discarded_weights": 8})
+    assert [(c.version_num, c.status) for c in reg.list("run-a")][2:] == [
+        (3, "DISCARDED"),
+        (4, "DISCARDED"),
+        (5, "COMPLETED"),
+    ]
+
+
+def test_a_replay_that_goes_stale_in_the_queue_leaves_only_itself(
+    log: DurableLog, engine: Engine, tmp_path: Path
+) -> None:
+    """A queued step of two groups; one is an all-fail group of version 2 holding a replayed
+    success of version 0 (within the bound at version 2). The policy moves to 3: the replay
+    is now past the bound, the step's own rows are not. The step goes out without the
+    replay's samples, every row of it still trained. Before, the whole step (8 fresh rows)
+    was dropped as stale."""
+    blobs = BlobStore(tmp_path / "blobs")
+    write_group(log, blobs, "t", 0, [1.0, 0.0, 1.0, 0.0], version=0)
+    write_group(log, blobs, "u", 0, [1.0, 0.0, 0.0, 0.0], version=0)
+    core = CuratorCore(log, blobs, settings(groups_per_step=2, max_staleness=2))
+    core.poll()
+    first = core.take_step()
+    assert first is not None
+    core.ack(first.step_id)
+    core.set_version(2)
+    write_group(log, blobs, "t", 1, [0.0, 0.0, 0.0, 0.0], version=2)  # replays t#0/2 (v0)
+    write_group(log, blobs, "u", 1, [1.0, 0.0, 0.0, 0.0], version=2)
+    core.poll()
+    assert core.metrics.replays == 1 and core.metrics.queue_depth == 1
+    core.set_version(3)
+    step = core.take_step()
+    assert step is not None and step.num_groups == 2 and len(step.rows) == 7
+    ids = pa.concat_arrays([b.column("trajectory_id") for b in step.shards]).to_pylist()
+    assert "t#0/2" not in ids and len(ids) == step.num_samples == 14  # 7 rows x 2 steps
+    assert step.min_version == 2 and core.metrics.replays_stale == 1
+    _, drops, _ = settled(engine)
+    assert drops == Counter({"replaced_by_replay": 1})

@@ -18,7 +18,7 @@ from dart_ray.engines.hf import HFEngine
 from dart_ray.store import open_store
 from dart_ray.store.db import RowState
 from dart_ray.train.checkpointing import TrainerState, read_trainer_state
-from dart_ray.train.worker import TrainJob, resume_point, train_loop_per_worker
+from dart_ray.train.worker import TrainJob, resume_from_durable, resume_point, train_loop_per_worker
 from serve_apps.policy import run_policy
 from tests.policy_helpers import png, request
 from tests.train.rollouts import log_group, policy_trajectories
@@ -110,19 +110,25 @@ def test_fsdp_trainer_publishes_versions_and_resumes(tiny_model_dir: Path, tmp_p
     assert store.log.buffer("run-t") == {(0, RowState.CONSUMED): 16}
 
     # A trainer that published v5 (max_versions=5) and died writing its files: the resumed
-    # trainer starts from v4's files with its counter at 5, and trains on to a durable v6
-    # (before, it took 5 >= 5 as the end and the run finished on weights that exist nowhere).
+    # trainer starts from v4's files with its counter at 5 (v5's weights are gone: DISCARDED),
+    # publishes the weights it holds as v6 before its first step, so the replicas stop
+    # sampling from v5's, and trains on to a durable v7 (before, it took 5 >= 5 as the end and
+    # the run finished on weights that exist nowhere).
     lost = store.checkpoints.create("run-t", 5, source="train")
     store.checkpoints.start(lost)
     log_group(store, policy_trajectories(engine, "run-t", "t4", 0, [1.0, 0.0, 0.0, 1.0]))
-    path, start = resume_point(store, "run-t")
+    path, start = resume_from_durable(store, "run-t")
     assert (Path(path).name, start) == ("v4", TrainerState(step=4, version=5, durable_version=4))
     cfg3 = load_config(None, [*overrides[1:], f"run.root_dir={tmp_path}", "run.max_versions=5"])
     job3 = TrainJob(**{**job.__dict__, "config": cfg3, "model_dir": path, "start": start})
     fit(cfg3, job3, tmp_path, "resumed-again")
-    assert handle.health.remote().result()["version"] == 6
-    newest = store.checkpoints.list("run-t")[-1]
-    assert (newest.version_num, newest.status) == (6, "COMPLETED") and newest.path
+    assert handle.health.remote().result()["version"] == 7
+    cps = store.checkpoints.list("run-t")
+    assert [(c.version_num, c.status, bool(c.path)) for c in cps[4:]] == [
+        (5, "DISCARDED", False),
+        (6, "COMPLETED", False),  # published at start: v4's weights
+        (7, "COMPLETED", True),
+    ]
     for actor in (curator, control):
         ray.kill(actor)
     from ray import serve
