@@ -4,7 +4,8 @@
         shard_k = curator.get_shard(session, k, rank)  # every rank: a shard of the same step
         learner.step(shard_k)                           # FSDP2 forward/backward/clip/AdamW
         rank 0 takes over step k's claims first (a step whose rows are no longer held is
-            skipped by every rank); a heartbeat renews the leases, also while waiting
+            skipped by every rank); a heartbeat thread renews the leases throughout: while
+            waiting, stepping, publishing and saving
         every sync_every steps: version += 1
             gather the full state dict (all ranks) -> rank 0: pack, ray.put once,
             policy.update_weights (every replica loads in place), checkpoint row
@@ -118,17 +119,12 @@ def check_same_step(step: int, claims: tuple[Claim, ...]) -> None:
         )
 
 
-def _next_shard(
-    job: TrainJob, curator: Any, control: Any, step: int, rank: int, heartbeat: Any = None
-) -> Any | None:
+def _next_shard(job: TrainJob, curator: Any, control: Any, step: int, rank: int) -> Any | None:
     """This rank's shard of `step`, or None when the run stops (decided by all ranks at once).
-    A stop request ends the run at the next step boundary even while data keeps coming.
-    `heartbeat()` runs every poll while waiting (rank 0 keeps its held leases alive)."""
+    A stop request ends the run at the next step boundary even while data keeps coming."""
     if _any(ray.get(control.stop_requested.remote())):
         return None
     while True:
-        if heartbeat is not None:
-            heartbeat()
         res = ray.get(curator.get_shard.remote(job.session, step, rank, timeout_s=job.poll_s))
         if _any(res is not None):
             if res is None:  # a peer bound the step: it is there now
@@ -158,7 +154,8 @@ class Publisher:
         self.store = store
         self.curator = curator
         self.policy = serve.get_deployment_handle("PolicyServer", job.policy_app)
-        self.leases = LeaseKeeper(store.log, job.config.curation.lease_s)
+        # renews from its own thread: a step, a publish or a save may outlast the lease
+        self.leases = LeaseKeeper(store.log, job.config.curation.lease_s).start()
         if job.config.train.warm_object_store:  # now, while the first batch is being rolled out
             w = warm_object_store()
             log.info("warmed %.1f GB of the object store in %.2f s", w.bytes / 1e9, w.seconds)
@@ -283,6 +280,26 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     control = ray.get_actor(job.control, namespace=job.namespace)
     store = open_store(c, wait=True) if rank == 0 else None
     pub = Publisher(job, store, curator) if store is not None else None
+    try:
+        _train_steps(job, model, learner, curator, control, pub, rank)
+    finally:
+        if pub is not None:
+            pub.leases.stop()
+        if store is not None:
+            store.dispose()
+
+
+def _train_steps(
+    job: TrainJob,
+    model: torch.nn.Module,
+    learner: Learner,
+    curator: Any,
+    control: Any,
+    pub: Publisher | None,
+    rank: int,
+) -> None:
+    """The loop of the module docstring, on every rank (`pub` on rank 0 only)."""
+    c = job.config
     step, version = job.start.step, job.start.version
     synced_step, saved_step = step, step
     durable = version if job.start.durable_version is None else job.start.durable_version
@@ -322,9 +339,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         ray.get(curator.set_version.remote(version))
 
     while should_train(version, durable, c.run.max_versions):
-        res = _next_shard(
-            job, curator, control, step, rank, pub.leases.heartbeat if pub is not None else None
-        )
+        res = _next_shard(job, curator, control, step, rank)
         if res is None:
             break
         shard, info = res
@@ -340,8 +355,6 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
             metrics = learner.step(shard, version if step == synced_step else None)
         metrics["step_s"] = time.monotonic() - t0
         metrics.update(_sample_versions(shard, version))
-        if pub is not None:
-            pub.leases.renew()  # the step may have taken a good part of the lease
         step += 1
         metrics.update(step=step, samples=info.num_samples, mean_reward=info.mean_reward)
         if step % c.train.sync_every == 0:
@@ -359,8 +372,6 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
         sync(bump=True, save=True)
     elif step > saved_step:
         sync(bump=False, save=True)
-    if store is not None:
-        store.dispose()
 
 
 def should_train(version: int, durable: int, max_versions: int) -> bool:

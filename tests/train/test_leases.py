@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import time
 
-from dart_ray.store.log import DurableLog
+import pytest
+
+from dart_ray.store.log import DurableLog, LeaseLostError
 from dart_ray.train.leases import LeaseKeeper
 from tests.factories import make_trajectory
 
@@ -47,10 +49,6 @@ def test_a_step_whose_rows_are_no_longer_held_is_not_taken(log: DurableLog) -> N
     """A resume settled these rows as trained into a durable checkpoint while the curator
     still had them queued: the trainer must not train them again, so `take` refuses the
     step. Rows of an already trained step that were lost make the trainer restart."""
-    import pytest
-
-    from dart_ray.store.log import LeaseLostError
-
     log.append_many([(make_trajectory(f"t{i}", run_id="r"), f"/b/{i}") for i in range(4)])
     trained = log.claim("r", 2, consumer="curator", lease_s=60)
     queued = log.claim("r", 2, consumer="curator", lease_s=60)
@@ -63,3 +61,22 @@ def test_a_step_whose_rows_are_no_longer_held_is_not_taken(log: DurableLog) -> N
     log.consume_lineage("r", trained.row_ids, in_version=3)
     with pytest.raises(LeaseLostError):
         keeper.take(2, ())
+
+
+def test_the_heartbeat_thread_renews_while_the_trainer_is_busy(log: DurableLog) -> None:
+    """The trainer blocks for 2 s (an optimizer step, a publish, a save: no call into the
+    keeper) with leases of 0.6 s; the keeper's own thread renews them, so no sweep finds
+    them and the late ack succeeds. A renewal that finds rows gone is raised by the trainer's
+    next `renew`."""
+    log.append_many([(make_trajectory(f"t{i}", run_id="r"), f"/b/{i}") for i in range(4)])
+    claim = log.claim("r", 4, consumer="curator", lease_s=0.6)
+    keeper = LeaseKeeper(log, lease_s=0.6).start(period_s=0.05)
+    keeper.hold(0, (claim,))
+    time.sleep(2.0)  # busy, the keeper is not called
+    assert log.claim("r", 4, consumer="thief", lease_s=60).rows == ()
+    (held,) = keeper.held[0]
+    assert log.ack(held) == 4  # the rows are settled behind the keeper's back ...
+    time.sleep(0.5)  # ... so its next renewal finds them gone
+    keeper.stop()
+    with pytest.raises(LeaseLostError):
+        keeper.renew()

@@ -11,8 +11,9 @@ from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from actors.control import RunControl
-from actors.curator import Curator
+from actors.curator import Curator, StepInfo, settings_from_config
 from dart_ray.config import Config, load_config
+from dart_ray.data.curator import CuratorCore, TrainStep
 from dart_ray.engines.base import SamplingParams
 from dart_ray.engines.hf import HFEngine
 from dart_ray.store import open_store
@@ -134,4 +135,134 @@ def test_fsdp_trainer_publishes_versions_and_resumes(tiny_model_dir: Path, tmp_p
     from ray import serve
 
     serve.delete("policy-train")
+    store.dispose()
+
+
+def test_leases_outlive_an_optimizer_step_longer_than_the_lease(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Leases of 1.5 s; each optimizer step takes 3 s (the timing mode's simulated step: a 7B
+    step, a publish or a checkpoint save can each outlast a lease). The trainer's heartbeat
+    thread renews the held rows throughout, so both steps train and every row is
+    acknowledged once. Before, leases were renewed only between phases: the renewal after
+    the first step found its rows gone (LeaseLostError) and the trainer died."""
+    overrides = [
+        f"run.root_dir={tmp_path}",
+        "run.max_versions=2",
+        "train.save_every=2",
+        "curation.group_size=4",
+        "curation.groups_per_step=1",
+        "curation.lease_s=1.5",
+        "timing.enabled=true",
+        "timing.train_overhead_s=3.0",
+        "timing.train_tokens_per_s=1e12",
+        "policy.num_cpus=0.3",
+        "policy.http_port=8123",
+    ]
+    cfg = load_config(None, overrides)
+    store = open_store(cfg, init=True)
+    engine = HFEngine(tiny_model_dir)
+    for k in range(2):
+        log_group(store, policy_trajectories(engine, "run-l", f"t{k}", 0, [1.0, 0.0, 0.0, 1.0]))
+    run_policy(cfg.policy, tiny_model_dir, name="policy-lease", route_prefix="/lease")
+    curator = Curator.options(name="curator-l", namespace=NS).remote(cfg, "run-l", 1, 0.1)
+    control = RunControl.options(name="control-l", namespace=NS).remote()
+    job = TrainJob(
+        config=cfg,
+        run_id="run-l",
+        model_dir=str(tiny_model_dir),
+        run_dir=str(tmp_path),
+        curator="curator-l",
+        policy_app="policy-lease",
+        control="control-l",
+        namespace=NS,
+    )
+    fit(cfg, job, tmp_path, "lease")
+    steps = ray.get(control.history.remote())
+    assert [round(s["simulated_step_s"]) for s in steps] == [3, 3]
+    assert store.log.buffer("run-l") == {(0, RowState.CONSUMED): 8}
+    for actor in (curator, control):
+        ray.kill(actor)
+    from ray import serve
+
+    serve.delete("policy-lease")
+    store.dispose()
+
+
+@ray.remote(num_cpus=0)
+class _SplitBrainCurator:
+    """A curator that restarted between the ranks' requests for step 0: each rank is handed
+    a different real curated step under the same number (what `check_same_step` guards)."""
+
+    def __init__(self, handed: dict[int, tuple[object, object]]) -> None:
+        self.handed = handed
+
+    def get_shard(
+        self, session: int, step: int, rank: int, timeout_s: float | None = None
+    ) -> tuple[object, object]:
+        return self.handed[rank]
+
+    def set_version(self, version: int) -> None:
+        pass
+
+    def release_step(self, session: int, step: int) -> int:
+        return 0
+
+    def forget_steps(self, session: int, steps: list[int]) -> None:
+        pass
+
+
+def test_ranks_handed_different_steps_refuse_to_train_them(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Two FSDP ranks through Ray Train, each handed a different curated step as step 0: the
+    worker loop's agreement check makes both raise StepMismatchError (the driver then
+    restarts the trainer in a new session) instead of taking one optimizer step over two
+    different batches as if they were one."""
+    cfg = load_config(
+        None,
+        [
+            f"run.root_dir={tmp_path}",
+            "train.num_workers=2",
+            "train.cpus_per_worker=0.4",
+            "curation.group_size=4",
+            "curation.groups_per_step=1",
+            "policy.num_cpus=0.3",
+            "policy.http_port=8123",
+        ],
+    )
+    store = open_store(cfg, init=True)
+    engine = HFEngine(tiny_model_dir)
+    for k in range(2):
+        log_group(store, policy_trajectories(engine, "run-s", f"t{k}", 0, [1.0, 0.0, 0.0, 1.0]))
+    core = CuratorCore(store.log, store.blobs, settings_from_config(cfg, "run-s", 2))
+    core.poll()
+    a, b = core.take_step(), core.take_step()
+    assert a is not None and b is not None
+
+    def info(ts: TrainStep) -> StepInfo:
+        return StepInfo(0, ts.num_samples, 1, len(ts.rows), ts.mean_reward, tuple(ts.claims))
+
+    run_policy(cfg.policy, tiny_model_dir, name="policy-split", route_prefix="/split")
+    curator = _SplitBrainCurator.options(name="curator-s", namespace=NS).remote(
+        {0: (a.shards[0], info(a)), 1: (b.shards[1], info(b))}
+    )
+    control = RunControl.options(name="control-s", namespace=NS).remote()
+    job = TrainJob(
+        config=cfg,
+        run_id="run-s",
+        model_dir=str(tiny_model_dir),
+        run_dir=str(tmp_path),
+        curator="curator-s",
+        policy_app="policy-split",
+        control="control-s",
+        namespace=NS,
+    )
+    with pytest.raises(Exception, match="ranks were handed different curated steps"):
+        fit(cfg, job, tmp_path, "split")
+    for actor in (curator, control):
+        ray.kill(actor)
+    from ray import serve
+
+    serve.delete("policy-split")
     store.dispose()
