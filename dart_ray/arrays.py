@@ -81,6 +81,9 @@ class ArraySeq(Sequence[Any]):
         return (_unpickle, (self._a,))
 
 
+_ARRAYS = (ArraySeq, np.ndarray)
+
+
 def _frozen(a: np.ndarray) -> np.ndarray:
     a.flags.writeable = False
     return a
@@ -113,7 +116,7 @@ def list_array(rows: Sequence[Sequence[Any]], list_type: pa.ListType) -> pa.List
     Rows that are arrays (`ArraySeq`, numpy) are concatenated once, with offsets from their
     lengths: no Python object per item. Rows that are all tuples or lists (a generation's,
     already Python objects) go to `pa.array`, which converts them in one pass."""
-    if not any(isinstance(r, ArraySeq | np.ndarray) for r in rows):
+    if not any(isinstance(r, _ARRAYS) for r in rows):
         return pa.array(rows, type=list_type)
     dtype = list_type.value_type.to_pandas_dtype()
     parts = [_as_array(r, dtype) for r in rows]
@@ -125,6 +128,6 @@ def list_array(rows: Sequence[Sequence[Any]], list_type: pa.ListType) -> pa.List
 def _as_array(values: Sequence[Any], dtype: type) -> np.ndarray:
     """`values` as a 1-D array of `dtype`: no copy for an array of that type; a tuple's items
     converted one by one (an int out of `dtype`'s range is refused, as `pa.array` does)."""
-    if isinstance(values, ArraySeq | np.ndarray):
+    if isinstance(values, _ARRAYS):
         return np.asarray(values, dtype=dtype)
     return np.fromiter(values, dtype, len(values))

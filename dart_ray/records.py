@@ -260,7 +260,10 @@ STEP_SCHEMA = pa.schema(
 TRAJECTORY_META_KEY = b"dart_ray.trajectory"
 OPTIONAL_STEP_COLUMNS = frozenset({"token_versions"})
 """Columns added since blobs were first written: a blob without them still reads."""
-_NUMBER_LISTS = ("prompt_ids", "response_ids", "behaviour_logprobs", "entropy", "token_versions")
+_NUMBER_LISTS = {
+    name: STEP_SCHEMA.field(name).type
+    for name in ("prompt_ids", "response_ids", "behaviour_logprobs", "entropy", "token_versions")
+}
 """The per-token columns of a step: read as views of the blob's buffers (`ArraySeq`)."""
 _STEP_SCALARS = (
     "step_idx",
@@ -354,8 +357,8 @@ def trajectory_to_table(t: Trajectory) -> pa.Table:
         "step_idx": [s.step_idx for s in steps],
         "weight_version": [s.weight_version for s in steps],
         **{
-            name: list_array([getattr(s, name) for s in steps], STEP_SCHEMA.field(name).type)
-            for name in _NUMBER_LISTS
+            name: list_array([getattr(s, name) for s in steps], list_type)
+            for name, list_type in _NUMBER_LISTS.items()
         },
         "num_images": [s.num_images for s in steps],
         "response_text": [s.response_text for s in steps],
