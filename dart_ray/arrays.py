@@ -34,8 +34,8 @@ class ArraySeq(Sequence[Any]):
         a = np.asarray(values)
         if a.ndim != 1:
             raise ValueError(f"ArraySeq takes a 1-D array, got shape {a.shape}")
-        if a.flags.writeable:  # someone else may write to it: keep a private copy
-            a = a.copy()
+        if a.flags.writeable and (a is values or a.base is not None):
+            a = a.copy()  # the caller's memory, which it may still write to: keep our own
         self._a = _frozen(a)
 
     @classmethod
@@ -61,8 +61,7 @@ class ArraySeq(Sequence[Any]):
         return iter(self._a.tolist())
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
-        a = self._a if dtype is None else self._a.astype(dtype, copy=False)
-        return a.copy() if copy else a
+        return np.array(self._a, dtype=dtype, copy=copy)  # no copy unless asked or needed
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, ArraySeq):

@@ -273,6 +273,7 @@ _STEP_SCALARS = (
     "action",
     "screenshot",
 )
+"""The other step columns: one Python value per step."""
 
 SAMPLE_SCHEMA = pa.schema(
     [
@@ -348,8 +349,8 @@ def _trajectory_meta(t: Trajectory) -> dict[str, Any]:
 def trajectory_to_table(t: Trajectory) -> pa.Table:
     """The Arrow form of a trajectory: `STEP_SCHEMA` rows plus the trajectory in metadata.
 
-    Number lists are packed column by column (`list_array`: one copy of each step's ids,
-    no nested Python lists)."""
+    Number lists are built column by column (`list_array`): a read-back step's views are
+    copied buffer by buffer, a generation's tuples converted in one pass."""
     steps = t.steps
     cols: dict[str, Any] = {
         "trajectory_id": [t.trajectory_id] * len(steps),

@@ -68,3 +68,15 @@ def test_list_array_packs_tuples_and_views_alike() -> None:
     assert list_array([], INT_LISTS).equals(pa.array([], INT_LISTS))
     with pytest.raises(OverflowError):  # a token id out of int32 is refused, not wrapped
         list_array([ArraySeq(np.array([1])), (2**40,)], INT_LISTS)
+
+
+def test_an_array_seq_hands_numpy_its_array_without_a_copy_unless_asked() -> None:
+    s = ArraySeq(np.array([1, 2, 3], np.int32))
+    assert np.asarray(s) is np.asarray(s)  # the same read-only array each time
+    assert np.asarray(s, dtype=np.int64).tolist() == [1, 2, 3]
+    owned = np.array(s, copy=True)
+    owned[0] = 7  # a copy is the caller's to write
+    assert s == (1, 2, 3)
+    with pytest.raises(ValueError):
+        np.asarray(s, dtype=np.float64, copy=False)  # a cast needs a copy: refused
+    assert ArraySeq((4, 5)) == (4, 5)  # from a tuple: the fresh array is kept as is
