@@ -25,6 +25,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from dart_ray.arrays import list_array, list_views
+
 
 class Status(enum.StrEnum):
     """How an episode ended. Only OK and TRUNCATED trajectories can be trained on."""
@@ -132,7 +134,11 @@ class Action:
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    """One policy turn: the prompt it saw, what it generated, and what happened."""
+    """One policy turn: the prompt it saw, what it generated, and what happened.
+
+    The per-token sequences are tuples where the rollouter built the step from a generation,
+    and `ArraySeq`s (read-only views of the blob's Arrow buffers) where it was read back from
+    a blob: the two compare and hash alike, so a round trip gives an equal step."""
 
     step_idx: int
     prompt_ids: Sequence[int]
@@ -254,6 +260,20 @@ STEP_SCHEMA = pa.schema(
 TRAJECTORY_META_KEY = b"dart_ray.trajectory"
 OPTIONAL_STEP_COLUMNS = frozenset({"token_versions"})
 """Columns added since blobs were first written: a blob without them still reads."""
+_NUMBER_LISTS = {
+    name: STEP_SCHEMA.field(name).type
+    for name in ("prompt_ids", "response_ids", "behaviour_logprobs", "entropy", "token_versions")
+}
+"""The per-token columns of a step: read as views of the blob's buffers (`ArraySeq`)."""
+_STEP_SCALARS = (
+    "step_idx",
+    "weight_version",
+    "num_images",
+    "response_text",
+    "action",
+    "screenshot",
+)
+"""The other step columns: one Python value per step."""
 
 SAMPLE_SCHEMA = pa.schema(
     [
@@ -327,22 +347,25 @@ def _trajectory_meta(t: Trajectory) -> dict[str, Any]:
 
 
 def trajectory_to_table(t: Trajectory) -> pa.Table:
-    """The Arrow form of a trajectory: `STEP_SCHEMA` rows plus the trajectory in metadata."""
-    cols: dict[str, list[Any]] = {name: [] for name in STEP_SCHEMA.names}
-    for s in t.steps:
-        cols["trajectory_id"].append(t.trajectory_id)
-        cols["task_id"].append(t.task.task_id)
-        cols["step_idx"].append(s.step_idx)
-        cols["weight_version"].append(s.weight_version)
-        cols["prompt_ids"].append(list(s.prompt_ids))
-        cols["response_ids"].append(list(s.response_ids))
-        cols["behaviour_logprobs"].append(list(s.behaviour_logprobs))
-        cols["entropy"].append(list(s.entropy))
-        cols["token_versions"].append(list(s.token_versions))
-        cols["num_images"].append(s.num_images)
-        cols["response_text"].append(s.response_text)
-        cols["action"].append(_action_to_dict(s.action))
-        cols["screenshot"].append(s.screenshot)
+    """The Arrow form of a trajectory: `STEP_SCHEMA` rows plus the trajectory in metadata.
+
+    Number lists are built column by column (`list_array`): a read-back step's views are
+    copied buffer by buffer, a generation's tuples converted in one pass."""
+    steps = t.steps
+    cols: dict[str, Any] = {
+        "trajectory_id": [t.trajectory_id] * len(steps),
+        "task_id": [t.task.task_id] * len(steps),
+        "step_idx": [s.step_idx for s in steps],
+        "weight_version": [s.weight_version for s in steps],
+        **{
+            name: list_array([getattr(s, name) for s in steps], list_type)
+            for name, list_type in _NUMBER_LISTS.items()
+        },
+        "num_images": [s.num_images for s in steps],
+        "response_text": [s.response_text for s in steps],
+        "action": [_action_to_dict(s.action) for s in steps],
+        "screenshot": [s.screenshot for s in steps],
+    }
     meta = {TRAJECTORY_META_KEY: json.dumps(_trajectory_meta(t)).encode()}
     return pa.Table.from_pydict(cols, schema=STEP_SCHEMA.with_metadata(meta))
 
@@ -356,21 +379,27 @@ def trajectory_from_table(table: pa.Table) -> Trajectory:
     if missing:
         raise ValueError(f"trajectory table lacks columns {sorted(missing)}")
     m = json.loads(meta[TRAJECTORY_META_KEY])
+    n = table.num_rows
+    lists = {
+        name: list_views(table.column(name)) if name in table.schema.names else [()] * n
+        for name in _NUMBER_LISTS
+    }
+    scalars = {name: table.column(name).to_pylist() for name in _STEP_SCALARS}
     steps = tuple(
         Step(
-            step_idx=row["step_idx"],
-            prompt_ids=tuple(row["prompt_ids"]),
-            response_ids=tuple(row["response_ids"]),
-            behaviour_logprobs=tuple(row["behaviour_logprobs"]),
-            entropy=tuple(row["entropy"]),
-            token_versions=tuple(row.get("token_versions") or ()),
-            num_images=row["num_images"],
-            weight_version=row["weight_version"],
-            response_text=row["response_text"],
-            action=_action_from_dict(row["action"]),
-            screenshot=row["screenshot"],
+            step_idx=scalars["step_idx"][i],
+            prompt_ids=lists["prompt_ids"][i],
+            response_ids=lists["response_ids"][i],
+            behaviour_logprobs=lists["behaviour_logprobs"][i],
+            entropy=lists["entropy"][i],
+            token_versions=lists["token_versions"][i],
+            num_images=scalars["num_images"][i],
+            weight_version=scalars["weight_version"][i],
+            response_text=scalars["response_text"][i],
+            action=_action_from_dict(scalars["action"][i]),
+            screenshot=scalars["screenshot"][i],
         )
-        for row in table.to_pylist()
+        for i in range(n)
     )
     task = m["task"]
     return Trajectory(

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import replace
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
+from dart_ray.arrays import ArraySeq
 from dart_ray.data.batches import to_record_batch, token_lags
 from dart_ray.data.curation import StepSample
 from dart_ray.records import (
@@ -145,3 +148,20 @@ def test_token_lags_count_each_token_by_its_own_version() -> None:
     assert token_lags(batch, 5) == {0: 1, 1: 5, 3: 1}
     assert token_lags(batch.slice(1, 1), 5) == {1: 2, 3: 1}
     assert token_lags(batch.slice(0, 0), 5) == {}
+
+
+def test_a_read_back_step_holds_views_of_the_blob_and_equals_the_written_one() -> None:
+    """Token lists are read as views of the table's buffers (no Python object per token),
+    and the step still equals, hashes and pickles as the one built from tuples."""
+    t = make_trajectory("t1", n_steps=2, version=3)
+    t = replace(t, steps=(t.steps[0], replace(t.steps[1], token_versions=(3, 4, 4))))
+    table = trajectory_to_table(t)
+    back = trajectory_from_table(table)
+    s = back.steps[1]
+    assert isinstance(s.prompt_ids, ArraySeq) and isinstance(s.behaviour_logprobs, ArraySeq)
+    # step 1's prompt follows step 0's 10 ids (40 bytes of int32) in the column's values
+    prompts = table.column("prompt_ids").chunk(0).values.buffers()[1]
+    assert np.asarray(s.prompt_ids).ctypes.data == prompts.address + 40
+    assert hash(s) == hash(t.steps[1]) and set(back.steps) == set(t.steps)
+    assert pickle.loads(pickle.dumps(back)) == t
+    assert trajectory_to_table(back).equals(table)  # written again: the same table

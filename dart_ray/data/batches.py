@@ -10,31 +10,57 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
+from itertools import accumulate
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dart_ray.arrays import list_array
 from dart_ray.data.curation import StepSample
 from dart_ray.records import SAMPLE_SCHEMA
 
 
 def to_record_batch(samples: Sequence[StepSample]) -> pa.RecordBatch:
+    """`SAMPLE_SCHEMA` rows, one per sample. The token columns are built from each sample's
+    buffers (`list_array`: one copy per row, no Python object per token); the screenshots as
+    one binary array plus offsets, each image copied once."""
+
+    def lists(name: str, rows: list[Sequence[Any]]) -> pa.ListArray:
+        return list_array(rows, SAMPLE_SCHEMA.field(name).type)
+
+    response = lists("response_ids", [s.response_ids for s in samples])
+    ones = pa.array(np.ones(len(response.values), np.int8))
     return pa.RecordBatch.from_pydict(
         {
             "trajectory_id": [s.trajectory_id for s in samples],
             "task_id": [s.task_id for s in samples],
             "step_idx": [s.step_idx for s in samples],
             "weight_version": [s.weight_version for s in samples],
-            "prompt_ids": [list(s.prompt_ids) for s in samples],
-            "response_ids": [list(s.response_ids) for s in samples],
-            "behaviour_logprobs": [list(s.behaviour_logprobs) for s in samples],
-            "loss_mask": [[1] * len(s.response_ids) for s in samples],
+            "prompt_ids": lists("prompt_ids", [s.prompt_ids for s in samples]),
+            "response_ids": response,
+            "behaviour_logprobs": lists(
+                "behaviour_logprobs", [s.behaviour_logprobs for s in samples]
+            ),
+            "loss_mask": pa.ListArray.from_arrays(
+                response.offsets, ones, type=SAMPLE_SCHEMA.field("loss_mask").type
+            ),
             "advantage": [s.advantage for s in samples],
-            "images": [list(s.images) for s in samples],
-            "token_versions": [list(s.token_versions) for s in samples],
+            "images": _images(samples),
+            "token_versions": lists("token_versions", [s.token_versions for s in samples]),
         },
         schema=SAMPLE_SCHEMA,
+    )
+
+
+def _images(samples: Sequence[StepSample]) -> pa.ListArray:
+    """The `images` column: every sample's screenshots in one binary array, cut by offsets."""
+    offsets = accumulate((len(s.images) for s in samples), initial=0)
+    return pa.ListArray.from_arrays(
+        pa.array(list(offsets), pa.int32()),
+        pa.array([im for s in samples for im in s.images], pa.binary()),
+        type=SAMPLE_SCHEMA.field("images").type,
     )
 
 

@@ -18,7 +18,6 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 from PIL import Image
 
@@ -69,6 +68,14 @@ def _lists(batch: pa.RecordBatch | pa.Table, name: str) -> tuple[np.ndarray, np.
     return values, offsets
 
 
+def _binary_lists(batch: pa.RecordBatch | pa.Table, name: str) -> tuple[pa.Array, np.ndarray]:
+    """A list<binary> column as (flat binary values, offsets): each item is read from the
+    Arrow buffer where it lies, with no Python list of rows."""
+    col = batch.column(name)
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    return arr.values, arr.offsets.to_numpy()
+
+
 def _pad_lists(
     parts: list[tuple[np.ndarray, np.ndarray]], value: float, dtype: torch.dtype
 ) -> torch.Tensor:
@@ -96,27 +103,29 @@ def collate(
     """Build model inputs from `SAMPLE_SCHEMA` rows; checks image slots against the images.
 
     Token lists go from Arrow buffers to tensors through numpy views (no per-token Python
-    objects); only the screenshots are handed to the image processor one by one."""
+    objects); the screenshots are read from the images column's value buffer and handed to
+    the image processor one by one."""
     n = batch.num_rows
     if not n:
         raise BatchError("empty micro-batch")
     prompt = _lists(batch, "prompt_ids")
     response = _lists(batch, "response_ids")
-    image_col = batch.column("images")
-    per_sample = pc.list_value_length(image_col).to_numpy(zero_copy_only=False)
+    shots, shot_off = _binary_lists(batch, "images")
+    per_sample = shot_off[1:] - shot_off[:-1]
     merge = int(getattr(image_processor, "merge_size", 2))
     images: list[Image.Image] = []
-    ids = batch.column("trajectory_id").to_pylist()
-    steps = batch.column("step_idx").to_pylist()
-    for b, shots in enumerate(image_col.to_pylist()):
-        for k, data in enumerate(shots):
+
+    def where(b: int) -> str:  # for errors only: no Python objects per row otherwise
+        tid, step = (batch.column(c)[b].as_py() for c in ("trajectory_id", "step_idx"))
+        return f"sample {tid} step {step}"
+
+    for b in range(n):
+        for k, j in enumerate(range(shot_off[b], shot_off[b + 1])):
             try:
-                with Image.open(io.BytesIO(data)) as im:
+                with Image.open(io.BytesIO(shots[j].as_buffer())) as im:
                     images.append(im.convert("RGB"))
             except OSError as e:
-                raise BatchError(
-                    f"sample {ids[b]} step {steps[b]}: image {k} unreadable: {e}"
-                ) from None
+                raise BatchError(f"{where(b)}: image {k} unreadable: {e}") from None
     pixel_values = grid = None
     if images:
         processed = image_processor(images=images, return_tensors="pt")  # type: ignore[operator]
@@ -130,7 +139,7 @@ def collate(
             have = int((values[off[b] : off[b + 1]] == image_pad_id).sum())
             if want != have:
                 raise BatchError(
-                    f"sample {ids[b]} step {steps[b]}: prompt has {have} image tokens but its "
+                    f"{where(b)}: prompt has {have} image tokens but its "
                     f"{per_sample[b]} image(s) make {want} (different image processor?)"
                 )
     input_ids = _pad_lists([prompt, response], pad_id, torch.long)

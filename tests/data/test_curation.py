@@ -6,10 +6,16 @@ from dataclasses import replace
 
 import pytest
 
-from dart_ray.data.batches import batch_tokens, pack, shard_by_tokens
+from dart_ray.data.batches import batch_tokens, pack, shard_by_tokens, to_record_batch
 from dart_ray.data.curation import CurationParams, StepSample, curate_group, split_steps
 from dart_ray.data.grouping import GroupBuffer
-from dart_ray.records import SAMPLE_SCHEMA, Status, Trajectory
+from dart_ray.records import (
+    SAMPLE_SCHEMA,
+    Status,
+    Trajectory,
+    trajectory_from_table,
+    trajectory_to_table,
+)
 from dart_ray.store.log import LogRow
 from tests.factories import make_step, make_trajectory
 
@@ -191,3 +197,22 @@ def test_a_sample_keeps_the_version_of_each_of_its_tokens() -> None:
     a, b = split_steps(t, 1.0)
     assert a.token_versions == () and b.token_versions == (3, 3, 4)
     assert sorted(pack([a, b], 1)[0].column("token_versions").to_pylist()) == [[], [3, 3, 4]]
+
+
+def test_samples_read_back_from_blobs_pack_as_the_written_ones() -> None:
+    """The curator packs samples whose token lists are views of the blobs' buffers: the batch
+    is the one the same samples give as tuples, each with its window of 2 screenshots."""
+    ts = [
+        replace(t, steps=tuple(replace(s, num_images=2) for s in t.steps))
+        for t in (make_trajectory("a", n_steps=3), make_trajectory("b", n_steps=1))
+    ]
+    back = [trajectory_from_table(trajectory_to_table(t)) for t in ts]
+    read = [s for t in back for s in split_steps(t, 0.5)]
+    batch = to_record_batch(read)
+    assert batch.equals(to_record_batch([s for t in ts for s in split_steps(t, 0.5)]))
+    a, b = ([s.screenshot for s in t.steps] for t in ts)
+    assert batch.column("images").to_pylist() == [[a[0]], [a[0], a[1]], [a[1], a[2]], [b[0]]]
+    assert batch.column("prompt_ids").to_pylist()[2] == list(range(12))  # make_step(2)
+    assert batch.column("behaviour_logprobs").to_pylist()[3] == [-0.5, -1.0, -1.5]
+    assert batch.column("loss_mask").to_pylist() == [[1, 1, 1]] * 4
+    assert batch.column("token_versions").to_pylist() == [[]] * 4
