@@ -13,7 +13,11 @@ Read-only. Every check is a query over the run's rows in `episode_start`, `rollo
   lists the rows it trained since the previous one (its lineage), and no row is in two
   lineages; when every durable checkpoint has one, every CONSUMED row is in one;
 - versions only went up: checkpoint versions grow with their ids; published versions never
-  repeat.
+  repeat;
+- no trained row was beyond the staleness bound: each lineage records the version of the
+  weights that trained each row, and that version minus the row's must be at most the run's
+  `curation.max_staleness` (`trained_lags` counts rows by that lag); no row of a DISCARDED
+  version (weights lost to a resume) was trained.
 
 Rows still CLAIMED are reported, not counted as breaches: their lease returns them to the pool.
 """
@@ -38,6 +42,7 @@ from dart_ray.store.db import (
     rollout_run,
     snapshot,
 )
+from dart_ray.store.db import run as run_table
 
 STATUSES = {s.value for s in Status}
 
@@ -55,6 +60,11 @@ class AuditReport:
     checkpoints: dict[str, int] = field(default_factory=dict)
     versions: list[int] = field(default_factory=list)
     """COMPLETED checkpoint versions, in the order they were created."""
+    max_staleness: int | None = None
+    """The run's `curation.max_staleness` (from its config snapshot)."""
+    trained_lags: dict[int, int] = field(default_factory=dict)
+    """Trained rows by how many versions older they were than the weights that trained them
+    (from the lineages that record it)."""
     in_flight: int = 0
     """Starts without a trajectory, tolerated because the run is live."""
     breaches: list[str] = field(default_factory=list)
@@ -92,10 +102,11 @@ def audit(engine: Engine, run_id: str, *, live: bool = False) -> AuditReport:
             )
         )
         rows = c.execute(
-            sa.select(rr.id, rr.status, rr.state, rr.used, rr.drop_reason).where(
+            sa.select(rr.id, rr.status, rr.state, rr.used, rr.drop_reason, rr.version_num).where(
                 rr.run_id == run_id
             )
         ).all()
+        snap = c.scalar(sa.select(run_table.c.config_json).where(run_table.c.run_id == run_id))
         acks = c.execute(
             sa.select(ev.row_id, ev.reason, ev.created_at).where(
                 ev.run_id == run_id, ev.event_type == "ACK"
@@ -153,6 +164,10 @@ def audit(engine: Engine, run_id: str, *, live: bool = False) -> AuditReport:
             f"{_ids(sorted(set(not_durable)))}"
         )
     r.breaches += _lineage_breaches(list(completed.values()), state)
+    if snap:
+        r.max_staleness = json.loads(snap).get("curation", {}).get("max_staleness")
+    discarded = {x.version_num for x in cps if x.status == "DISCARDED"}
+    r.breaches += _staleness_breaches(r, list(completed.values()), rows, discarded)
     published = [x.version_num for x in cps if x.status != "FAILED"]
     if any(b <= a for a, b in pairwise(published)):
         r.breaches.append(f"checkpoint versions did not only go up: {published}")
@@ -189,6 +204,43 @@ def _lineage_breaches(completed: list[sa.Row], state: dict[int, int]) -> list[st
     return out
 
 
+def _staleness_breaches(
+    r: AuditReport,
+    completed: list[sa.Row],  # type: ignore[type-arg]
+    rows: list[sa.Row],  # type: ignore[type-arg]
+    discarded: set[int],
+) -> list[str]:
+    """Trained rows beyond the bound, or from discarded weights, from the lineages'
+    `trained_at` (the version of the weights that trained each row)."""
+    version = {x.id: x.version_num for x in rows}
+    lags: Counter[int] = Counter()
+    beyond: list[int] = []
+    lost: list[int] = []
+    for ck in completed:
+        f = Path(ck.path, "trainer_state.json") if ck.path else None
+        if f is None or not f.is_file():
+            continue
+        for v, rids in json.loads(f.read_text()).get("trained_at", {}).items():
+            for rid in rids:
+                if rid not in version:
+                    continue
+                lag = int(v) - version[rid]
+                lags[lag] += 1
+                if r.max_staleness is not None and lag > r.max_staleness:
+                    beyond.append(rid)
+                if version[rid] in discarded:
+                    lost.append(rid)
+    r.trained_lags = dict(sorted(lags.items()))
+    out = []
+    if beyond:
+        out.append(
+            f"rows trained beyond the staleness bound ({r.max_staleness}): {_ids(sorted(beyond))}"
+        )
+    if lost:
+        out.append(f"rows of discarded versions (weights lost) trained: {_ids(sorted(lost))}")
+    return out
+
+
 def render(r: AuditReport) -> str:
     lines = [
         f"audit of run {r.run_id}: {'OK' if r.ok else 'BREACHED'}",
@@ -203,6 +255,13 @@ def render(r: AuditReport) -> str:
         f"  acknowledgements   {r.acks}",
         f"  checkpoints        {', '.join(f'{k} {v}' for k, v in sorted(r.checkpoints.items())) or 'none'}",
         f"  durable versions   {r.versions}",
+        "  trained lag        "
+        + (
+            ", ".join(f"{k}: {v}" for k, v in r.trained_lags.items())
+            + (f" (bound {r.max_staleness})" if r.max_staleness is not None else "")
+            if r.trained_lags
+            else "not recorded"
+        ),
     ]
     lines += [f"  BREACH: {b}" for b in r.breaches]
     return "\n".join(lines)

@@ -209,3 +209,42 @@ def test_a_crash_between_checkpoint_and_acks_trains_nothing_twice(
         ).all()
     assert sorted(a.row_id for a in acks) == sorted(claim.row_ids)
     assert {a.reason for a in acks} == {"v1"}
+
+
+def test_a_row_trained_beyond_the_bound_or_from_discarded_weights_is_a_breach(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """The run's bound is 3 (its config snapshot); a resume discarded v3's weights. Durable
+    v6's lineage says which weights trained each row (v6): a version-5 row (lag 1) is fine; a
+    version-0 row (lag 6) is beyond the bound; the version-3 row (lag 3, within the bound) is
+    from weights that no longer exist."""
+    import json
+
+    from dart_ray.store.runs import register_run
+
+    store = _Store(engine, tmp_path)
+    register_run(engine, RUN, "t", {"curation": {"max_staleness": 3}})
+    for tid, v in (("fresh", 5), ("old", 0), ("lost", 3)):
+        t = make_trajectory(tid, version=v)
+        store.log.append(t, store.blobs.write(t))
+    claim = store.log.claim(RUN, 10, consumer="c", lease_s=60)
+    ids = {r.trajectory_id: r.id for r in claim.rows}
+    store.checkpoints.create(RUN, 3)
+    assert store.checkpoints.discard_above(RUN, 2, "resumed from v2") == [3]
+    for v in (4, 5):
+        store.checkpoints.create(RUN, v)
+    cid = store.checkpoints.create(RUN, 6)
+    store.checkpoints.start(cid)
+    d = tmp_path / "v6"
+    d.mkdir()
+    rows = sorted(ids.values())
+    state = {"step": 1, "version": 6, "rows": rows, "trained_at": {"6": rows}}
+    (d / "trainer_state.json").write_text(json.dumps(state))
+    store.checkpoints.complete(cid, str(d))
+    store.log.ack(claim, in_version=6)
+    r = audit(engine, RUN)
+    assert r.max_staleness == 3 and r.trained_lags == {1: 1, 3: 1, 6: 1}
+    assert r.breaches == [
+        f"rows trained beyond the staleness bound (3): {ids['old']} (1)",
+        f"rows of discarded versions (weights lost) trained: {ids['lost']} (1)",
+    ]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -42,6 +42,9 @@ class TrainerState:
     """Lineage: the log rows trained since the previous durable checkpoint. A resume from
     this checkpoint settles them as consumed, acknowledged or not (the trainer may have died
     between completing the checkpoint and acknowledging them), so none is trained twice."""
+    trained_at: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """The lineage's rows by the weight version that trained them (what `dart-ray audit`
+    checks the staleness bound against: version - the row's version <= max_staleness)."""
     durable_version: int | None = None
     """Only in a resume point: the version of the durable checkpoint it starts from (0 for the
     base weights) when `version` is above it (versions published after the last durable save
@@ -67,7 +70,15 @@ def save_checkpoint(
     if optimizer_state is not None:
         torch.save(optimizer_state, tmp / "optimizer.pt")
     (tmp / "trainer_state.json").write_text(
-        json.dumps({"step": state.step, "version": state.version, "rows": list(state.rows)}) + "\n"
+        json.dumps(
+            {
+                "step": state.step,
+                "version": state.version,
+                "rows": list(state.rows),
+                "trained_at": {str(v): list(rs) for v, rs in sorted(state.trained_at.items())},
+            }
+        )
+        + "\n"
     )
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
@@ -77,4 +88,5 @@ def save_checkpoint(
 def read_trainer_state(path: Path) -> TrainerState:
     d = json.loads((path / "trainer_state.json").read_text())
     rows = tuple(int(r) for r in d.get("rows", ()))
-    return TrainerState(step=int(d["step"]), version=int(d["version"]), rows=rows)
+    trained_at = {int(v): tuple(int(r) for r in rs) for v, rs in d.get("trained_at", {}).items()}
+    return TrainerState(int(d["step"]), int(d["version"]), rows, trained_at)

@@ -156,6 +156,8 @@ class Publisher:
         self.policy = serve.get_deployment_handle("PolicyServer", job.policy_app)
         # renews from its own thread: a step, a publish or a save may outlast the lease
         self.leases = LeaseKeeper(store.log, job.config.curation.lease_s).start()
+        self.trained_at: dict[int, int] = {}
+        """Step -> the version of the weights that trained it, until it is durable."""
         if job.config.train.warm_object_store:  # now, while the first batch is being rolled out
             w = warm_object_store()
             log.info("warmed %.1f GB of the object store in %.2f s", w.bytes / 1e9, w.seconds)
@@ -164,10 +166,12 @@ class Publisher:
     def pending(self) -> dict[int, list[Claim]]:
         return self.leases.held
 
-    def take(self, step: int, claims: tuple[Claim, ...]) -> bool:
-        """Take over a step's claims before training it (False: its rows are no longer held,
-        so it must not be trained; the curator forgets it)."""
+    def take(self, step: int, claims: tuple[Claim, ...], version: int) -> bool:
+        """Take over a step's claims before training it with the weights of `version`
+        (False: its rows are no longer held, so it must not be trained; the curator forgets
+        it)."""
         if self.leases.take(step, claims):
+            self.trained_at[step] = version
             return True
         log.warning("step %d: its rows are no longer held (lease lapsed or settled); skipped", step)
         ray.get(self.curator.release_step.remote(self.job.session, step))
@@ -207,8 +211,13 @@ class Publisher:
         acknowledge every held claim: those rows are now in durable weights."""
         path = None
         if opt_state is not None:
-            lineage = sorted(r for cl in self.pending.values() for c in cl for r in c.row_ids)
-            at = TrainerState(at.step, at.version, tuple(lineage))
+            by_version: dict[int, list[int]] = {}
+            for step, claims in self.pending.items():
+                rows = by_version.setdefault(self.trained_at[step], [])
+                rows.extend(r for c in claims for r in c.row_ids)
+            lineage = tuple(sorted(r for rs in by_version.values() for r in rs))
+            trained_at = {v: tuple(sorted(rs)) for v, rs in by_version.items()}
+            at = TrainerState(at.step, at.version, lineage, trained_at)
             out = Path(self.job.run_dir) / "checkpoints" / f"v{at.version}"
             path = str(save_checkpoint(out, model, state, opt_state, Path(self.job.model_dir), at))
             # every trained row must still be held before the checkpoint becomes the durable
@@ -226,6 +235,7 @@ class Publisher:
                 self.store.log.ack(c, in_version=at.version)
         ray.get(self.curator.forget_steps.remote(self.job.session, sorted(self.pending)))
         self.leases.clear()
+        self.trained_at.clear()
 
 
 def _learner(
@@ -344,7 +354,7 @@ def _train_steps(
             break
         shard, info = res
         check_same_step(step, info.claims)
-        if _any(pub is not None and not pub.take(step, info.claims)):
+        if _any(pub is not None and not pub.take(step, info.claims, version)):
             step += 1  # rank 0 found the step's rows gone: no rank trains it
             continue
         t0 = time.monotonic()

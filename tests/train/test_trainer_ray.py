@@ -12,6 +12,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 
 from actors.control import RunControl
 from actors.curator import Curator, StepInfo, settings_from_config
+from dart_ray.audit import audit
 from dart_ray.config import Config, load_config
 from dart_ray.data.curator import CuratorCore, TrainStep
 from dart_ray.engines.base import SamplingParams
@@ -97,6 +98,11 @@ def test_fsdp_trainer_publishes_versions_and_resumes(tiny_model_dir: Path, tmp_p
     # each durable checkpoint records the rows it trained since the previous one (lineage)
     lineage = [read_trainer_state(Path(c.path)).rows for c in cps[1:]]  # type: ignore[arg-type]
     assert [len(rows) for rows in lineage] == [8, 4] and not set(lineage[0]) & set(lineage[1])
+    # ... and which weights trained each of them (the audit's staleness check): steps 0, 1, 2
+    # by versions 0, 1, 2; the rows are version 0's, so their lags are 0, 1 and 2
+    states = [read_trainer_state(Path(c.path)) for c in cps[1:]]  # type: ignore[arg-type]
+    assert [sorted(st.trained_at) for st in states] == [[0, 1], [2]]
+    assert audit(store.engine, "run-t").trained_lags == {0: 4, 1: 4, 2: 4}
     # rows are acknowledged once their weights are durable: 3 steps x 4 rows, once each
     assert store.log.buffer("run-t") == {(0, RowState.CONSUMED): 12, (0, RowState.CLAIMED): 4}
 
