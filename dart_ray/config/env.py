@@ -101,6 +101,11 @@ class EnvConfig(Section):
     """Seconds a reset may take before the session is declared broken."""
     step_timeout_s: float = Field(default=30.0, gt=0)
     """Seconds a step may take before the session is declared broken."""
+    max_type_chars: int = Field(default=1000, ge=1)
+    """Longest `type(content=...)` an environment types; a longer one is a failed step
+    (`invalid action: ...`), the model's mistake. Typing is slow (MiniWoB++ ~1.5 ms a
+    character, a desktop 5 ms or more), so what step_timeout_s allows bounds this: past the
+    deadline the session would be rebuilt and the episode retried as the machine's failure."""
     num_cpus: float = Field(default=0.25, gt=0)
     """CPUs each EnvSession actor reserves (fractional is fine); an EnvHost reserves as much
     for all its sessions."""
