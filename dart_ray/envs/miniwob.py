@@ -11,7 +11,14 @@ Built over the `miniwob` package's gymnasium environment, with three changes it 
   `core.EPISODE_MAX_TIME` (10 s) and ends idle episodes at -1; a model policy takes seconds per
   step. The clock is set from `env.miniwob.episode_max_time_s` before every episode.
 - **UI-TARS actions.** Points arrive in pixels of the screenshot we returned (the 160x210 task
-  area, optionally scaled by `env.miniwob.scale`) and map back to the page by that scale.
+  area, optionally scaled by `env.miniwob.scale`) and map back to the page by that scale. A
+  scroll without a point scrolls where the pointer is (the last point acted at, the centre
+  before any), as pyautogui does. `type` types each line and presses Enter between them.
+- **More keys.** MiniWoB's default keys (Humphreys et al., 2022) lack Escape, Home, End and
+  shift+Tab; the gym is built with `ALLOWED_KEYS`, those plus the editing and navigation keys
+  a page answers. Browser shortcuts that would close or leave the page (ctrl w, alt F4, F5)
+  are not among them: such a hotkey, an unknown key, a right click (MiniWoB has none) or a
+  sideways scroll is a failed step that says why (`invalid action: ...`), never a silent no-op.
 
 The trajectory reward is the task's own (JavaScript) reward: in [-1, 1], scaled down by elapsed
 time; an episode the policy leaves unfinished scores -1, as MiniWoB's own timeout does.
@@ -30,11 +37,21 @@ import numpy as np
 from PIL import Image
 
 from dart_ray.config import EnvConfig
-from dart_ray.envs.base import Env, EnvCrashed, EnvInputError, FrameObservation, StepResult
+from dart_ray.envs.base import (
+    Env,
+    EnvCrashed,
+    EnvInputError,
+    FrameObservation,
+    InvalidAction,
+    StepResult,
+    check_type_length,
+    invalid_step,
+)
 from dart_ray.records import Action, ActionKind, Observation, Task
 
 try:
-    from miniwob.action import ActionTypes
+    from miniwob.action import ActionSpaceConfig, ActionTypes
+    from miniwob.constants import ASCII_CHARSET, DEFAULT_ALLOWED_KEYS
     from miniwob.environment import MiniWoBEnvironment
     from miniwob.selenium_instance import SeleniumInstance
     from selenium import webdriver
@@ -59,30 +76,107 @@ CHROMIUM_FLAGS = (
     "--window-size=640,640",  # new headless gives ~140 px less inner height
 )
 HTML_DIR = Path(__import__("miniwob").__file__).parent / "html" / "miniwob"
-KEYS = {
+_NAMED_KEYS = {
     "enter": "<Enter>",
     "return": "<Enter>",
-    "backspace": "<Backspace>",
-    "delete": "<Delete>",
+    "esc": "<Escape>",
+    "escape": "<Escape>",
     "tab": "<Tab>",
     "space": "<Space>",
-    "up": "<ArrowUp>",
-    "down": "<ArrowDown>",
-    "left": "<ArrowLeft>",
-    "right": "<ArrowRight>",
-    "arrowup": "<ArrowUp>",
-    "arrowdown": "<ArrowDown>",
-    "arrowleft": "<ArrowLeft>",
-    "arrowright": "<ArrowRight>",
+    "backspace": "<Backspace>",
+    "delete": "<Delete>",
+    "del": "<Delete>",
+    "insert": "<Insert>",
+    "home": "<Home>",
+    "end": "<End>",
     "pageup": "<PageUp>",
+    "pgup": "<PageUp>",
     "pagedown": "<PageDown>",
-    "ctrl a": "C-a",
-    "ctrl c": "C-c",
-    "ctrl x": "C-x",
-    "ctrl v": "C-v",
+    "pgdn": "<PageDown>",
+    **{
+        f"{a}{d}": f"<Arrow{d.title()}>"
+        for a in ("", "arrow")
+        for d in ("up", "down", "left", "right")
+    },
+    **{f"f{i}": f"<F{i}>" for i in range(1, 13)},
 }
+"""UI-TARS/pyautogui key names -> WebDriver's (`miniwob.constants.WEBDRIVER_SPECIAL_KEYS`)."""
+_MODIFIERS = {
+    "alt": "A-",
+    "ctrl": "C-",
+    "control": "C-",
+    "meta": "M-",
+    "cmd": "M-",
+    "command": "M-",
+    "win": "M-",
+    "super": "M-",
+    "shift": "S-",
+}
+_EDITING = ("<Home>", "<End>", "<ArrowLeft>", "<ArrowRight>", "<ArrowUp>", "<ArrowDown>")
+ALLOWED_KEYS = tuple(
+    dict.fromkeys(
+        [
+            *DEFAULT_ALLOWED_KEYS,
+            "<Escape>",
+            "<Home>",
+            "<End>",
+            "<Insert>",
+            *(c for c in ASCII_CHARSET if c != " "),  # every printable key, shifted ones too
+            "S-<Tab>",
+            "S-<Enter>",
+            "S-<PageUp>",
+            "S-<PageDown>",
+            *(f"S-{k}" for k in _EDITING),  # select
+            *(f"C-{k}" for k in _EDITING),  # by word, to the start or end of the text
+            *(f"C-S-{k}" for k in _EDITING),
+            "C-<Backspace>",
+            "C-<Delete>",
+            "C-z",
+            "C-y",
+            "C-S-z",
+        ]
+    )
+)
+"""What a hotkey may press in MiniWoB++ (MiniWoB's syntax: `C-`/`S-`/`A-`/`M-` prefixes, in
+that alphabetical order here, then a key): its default keys plus the keys a page answers that
+the default lacks. Not browser shortcuts (ctrl w/t/l/r, alt F4, F5): they would close or leave
+the page, and the episode would be lost to what looks like a crash."""
 # Selenium and urllib3 raise these when the browser or chromedriver is gone
 _BROWSER_GONE = (WebDriverException, ConnectionError, OSError)
+
+
+def miniwob_key(keys: str) -> str:
+    """A UI-TARS hotkey (`'ctrl a'`, `'shift+tab'`, `'esc'`, `'A'`) in MiniWoB's key syntax
+    (`'C-a'`, `'S-<Tab>'`, `'<Escape>'`, `'A'`); InvalidAction naming what it cannot press."""
+    mods: set[str] = set()
+    main: list[str] = []
+    for raw in keys.replace("+", " ").split():
+        name = raw.lower()
+        if name in _MODIFIERS:
+            mods.add(_MODIFIERS[name])
+        elif name in _NAMED_KEYS:
+            main.append(_NAMED_KEYS[name])
+        elif len(raw) == 1 and raw in ASCII_CHARSET:
+            main.append(raw)
+        else:
+            raise InvalidAction(f"unknown key {raw!r}")
+    if len(main) > 1:
+        raise InvalidAction(f"{keys!r} presses more than one key besides modifiers")
+    if not main:
+        raise InvalidAction(f"{keys!r} presses no key besides modifiers")
+    key = main[0]
+    if len(key) == 1 and key.isalpha():  # shift+letter is the capital; ctrl+A is ctrl+a
+        if mods == {"S-"}:
+            key, mods = key.upper(), set()
+        elif mods:
+            key = key.lower()
+    out = "".join(sorted(mods)) + key
+    if out not in ALLOWED_KEYS:
+        raise InvalidAction(
+            f"MiniWoB++ does not press {keys!r} (editing and navigation keys only, "
+            "no browser shortcuts)"
+        )
+    return out
 
 
 def find_browser(config: EnvConfig) -> tuple[str, str]:
@@ -169,6 +263,7 @@ class MiniWobEnv(Env):
         self._subdomain: str | None = None
         self._done = False
         self._reward = -1.0
+        self._pointer = self._centre()
 
     # ------------------------------------------------------------------ contract
     def reset(self, task: Task) -> Observation:
@@ -184,12 +279,14 @@ class MiniWobEnv(Env):
             obs, _ = self._gym.reset(seed=seed)
         except _BROWSER_GONE as e:
             raise EnvCrashed(f"browser failed on reset: {type(e).__name__}: {e}") from e
-        self._done, self._reward = False, -1.0
+        self._done, self._reward, self._pointer = False, -1.0, self._centre()
         return self._observation(obs)
 
     def _make(self, subdomain: str) -> _Gym:
         gym_cls = type("_G", (_Gym,), {"instance_cls": self._instance_cls})
-        return gym_cls(subdomain=subdomain, render_mode=None)
+        keys = ActionSpaceConfig.get_preset("all_supported")
+        keys.allowed_keys = ALLOWED_KEYS
+        return gym_cls(subdomain=subdomain, render_mode=None, action_space_config=keys)
 
     def step(self, action: Action) -> StepResult:
         g = self._need_gym()
@@ -199,18 +296,20 @@ class MiniWobEnv(Env):
             self._done = True
             return StepResult(self._blank(), True, {"event": "finished"})
         try:
+            check_type_length(action, self.config.max_type_chars)
             obs, reward, done, info = None, 0.0, False, {}
             for mw in self._translate(g, action):
                 obs, reward, done, _, info = g.step(mw)
                 if done:
                     break
+        except InvalidAction as e:
+            return invalid_step(self._screenshot(g), str(e))
         except _BROWSER_GONE as e:
             if not self.healthy():
                 raise EnvCrashed(f"browser failed on step: {type(e).__name__}: {e}") from e
             # the browser is fine: the action itself was impossible (a point off the page)
-            msg = str(e).split("\n", 1)[0]
-            return StepResult(self._screenshot(g), False, {"event": "error", "error": msg})
-        if obs is None:  # nothing to do in the page (wait, unsupported key)
+            return invalid_step(self._screenshot(g), str(e).split("\n", 1)[0])
+        if obs is None:  # nothing to do in the page (an empty type)
             return StepResult(self._screenshot(g), False, {"event": "nothing"})
         if done:
             self._done, self._reward = True, float(reward)
@@ -256,48 +355,60 @@ class MiniWobEnv(Env):
             raise EnvInputError("MiniWoB++ has no task: call reset(task) first")
         return self._gym
 
-    def _page(self, p: tuple[float, float] | None, kind: ActionKind) -> np.ndarray:
+    def _centre(self) -> tuple[float, float]:
+        s = self.options.scale
+        return 80 * s, 105 * s  # of the 160x210 task area
+
+    def _page(
+        self, p: tuple[float, float] | None, kind: ActionKind, what: str = "a point"
+    ) -> np.ndarray:
+        """A screenshot point on the page (where the pointer now is); InvalidAction without."""
         if p is None:
-            raise EnvInputError(f"{kind.value} action needs a point")
+            raise InvalidAction(f"{kind.value} needs {what}")
+        self._pointer = p
         s = self.options.scale
         return np.array([p[0] / s, p[1] / s], dtype=np.float32)
 
     def _translate(self, g: _Gym, a: Action) -> list[dict[str, Any]]:
-        """UI-TARS action -> MiniWoB actions (a drag is press, move, release)."""
+        """UI-TARS action -> MiniWoB actions (a drag is press, move, release); InvalidAction
+        for what MiniWoB cannot do."""
         k, mk = a.kind, g.create_action
         if k == ActionKind.CLICK:
             return [mk(ActionTypes.CLICK_COORDS, coords=self._page(a.point, k))]
         if k == ActionKind.LEFT_DOUBLE:
             return [mk(ActionTypes.DBLCLICK_COORDS, coords=self._page(a.point, k))]
         if k == ActionKind.DRAG:
-            start, end = self._page(a.point, k), self._page(a.end_point, k)
+            start, end = self._page(a.point, k), self._page(a.end_point, k, "an end point")
             return [
                 mk(ActionTypes.MOUSEDOWN_COORDS, coords=start),
                 mk(ActionTypes.MOVE_COORDS, coords=(start + end) / 2),
                 mk(ActionTypes.MOUSEUP_COORDS, coords=end),
             ]
         if k == ActionKind.SCROLL:
-            kind = (
-                ActionTypes.SCROLL_UP_COORDS
-                if a.direction == "up"
-                else ActionTypes.SCROLL_DOWN_COORDS
-            )
-            return [mk(kind, coords=self._page(a.point, k))]
+            d = (a.direction or "down").lower()
+            if d not in ("up", "down"):
+                raise InvalidAction(f"MiniWoB++ scrolls only up and down, not {d}")
+            kind = ActionTypes.SCROLL_UP_COORDS if d == "up" else ActionTypes.SCROLL_DOWN_COORDS
+            return [mk(kind, coords=self._page(a.point or self._pointer, k))]
         if k == ActionKind.TYPE:
-            text = a.text or ""
-            line, newline, _ = text.partition("\n")
-            out = [mk(ActionTypes.TYPE_TEXT, text=line)] if line else []
-            return out + (self._key(g, "enter") if newline else [])
+            out = []
+            for i, line in enumerate((a.text or "").split("\n")):
+                if i:
+                    out.append(self._press(g, "<Enter>"))
+                if line:
+                    out.append(mk(ActionTypes.TYPE_TEXT, text=line))
+            return out
         if k == ActionKind.HOTKEY:
-            return self._key(g, a.text or "")
-        return []  # right click (no context menus in MiniWoB), wait, invalid: nothing
+            return [self._press(g, miniwob_key(a.text or ""))]
+        if k == ActionKind.RIGHT_SINGLE:
+            raise InvalidAction("MiniWoB++ has no right click")
+        if k == ActionKind.INVALID:
+            raise InvalidAction(a.error or "unparseable")
+        return []  # wait
 
-    def _key(self, g: _Gym, keys: str) -> list[dict[str, Any]]:
-        name = KEYS.get(" ".join(keys.lower().replace("+", " ").split()))
+    def _press(self, g: _Gym, key: str) -> dict[str, Any]:
         allowed = g.action_space_config.allowed_keys
-        if name is None or name not in allowed:
-            return []
-        return [g.create_action(ActionTypes.PRESS_KEY, key=allowed.index(name))]
+        return g.create_action(ActionTypes.PRESS_KEY, key=allowed.index(key))
 
     # ------------------------------------------------------------------ observations
     def _observation(self, obs: dict[str, Any]) -> Observation:
