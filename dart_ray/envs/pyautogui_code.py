@@ -122,6 +122,8 @@ def to_code(a: Action, scroll_clicks: int = 5) -> str:
             raise UnsafeAction(f"unknown scroll direction {a.direction!r}")
         amount = scroll_clicks if d in ("up", "left") else -scroll_clicks
         fn = "scroll" if d in ("up", "down") else "hscroll"
+        if a.point is None:  # UI-TARS may leave it out: where the mouse is (pyautogui's rule)
+            return PREAMBLE + f"pyautogui.{fn}({amount})"
         return PREAMBLE + f"pyautogui.moveTo({_xy(a.point, k)}); pyautogui.{fn}({amount})"
     if k == ActionKind.HOTKEY:
         keys = ", ".join(repr(key) for key in hotkey_keys(a.text or ""))

@@ -156,9 +156,10 @@ def _step_on_desktop(env: OSWorldEnv, desk: RecordingDesktop, action: Action) ->
     desk.argvs.clear()
     env._done = False
     result = env.step(action)
-    if result.info.get("event") != "executed":  # refused, WAIT, DONE, FAIL: nothing ran
+    if result.info.get("event") != "executed":  # invalid, WAIT, DONE, FAIL: nothing ran
         assert desk.argvs == [] and not record.exists()
-        if result.info.get("event") == "refused":
+        if result.info.get("event") == "invalid":
+            assert not result.done and result.info["error"].startswith("invalid action: ")
             with pytest.raises(UnsafeAction):
                 to_code(action)
         return
@@ -198,6 +199,7 @@ def test_adversarial_responses_through_the_desktop_server(
         Action(ActionKind.HOTKEY, text="ctrl+shift+t"),
         Action(ActionKind.HOTKEY, text="ctrl'); import os; ('"),
         Action(ActionKind.SCROLL, point=(5.0, 5.0), direction="left"),
+        Action(ActionKind.SCROLL, direction="down"),
         Action(ActionKind.FINISHED, text="'); import os; ('"),
     ],
 )
@@ -207,6 +209,28 @@ def test_hand_picked_actions_through_the_desktop_server(
     env, desk = desktop
     _step_on_desktop(env, desk, action)
     assert not (desk.m.home / "pwned").exists()
+
+
+def test_what_the_desktop_cannot_carry_out_is_a_failed_step_that_says_why(
+    desktop: tuple[OSWorldEnv, RecordingDesktop],
+) -> None:
+    env, desk = desktop
+    env._done = False
+    for action, why in [
+        (Action(ActionKind.HOTKEY, text="ctrl hyper"), "unknown key 'hyper'"),
+        (Action(ActionKind.CLICK), "click needs a point"),
+        # typed at 5 ms a character, 1,001 would take longer than a step may
+        (
+            Action(ActionKind.TYPE, text="x" * 1001),
+            "type content has 1001 characters, more than 1000",
+        ),
+    ]:
+        desk.argvs.clear()
+        r = env.step(action)
+        assert (r.done, r.info) == (False, {"event": "invalid", "error": f"invalid action: {why}"})
+        assert desk.argvs == []  # nothing ran
+    r = env.step(Action(ActionKind.TYPE, text="x" * 1000))
+    assert r.info["event"] == "executed" and r.info["returncode"] == 0
 
 
 def test_the_recorder_would_see_a_smuggled_command(

@@ -108,6 +108,15 @@ def test_points_are_numbers_and_keys_come_from_an_allowlist() -> None:
         to_code(Action(ActionKind.INVALID, error="unparseable"))
 
 
+def test_a_scroll_without_a_point_scrolls_where_the_mouse_is() -> None:
+    """UI-TARS may write `scroll(direction='down')`: pyautogui then scrolls at the pointer,
+    as OSWorld's agents do; it used to be refused ('scroll needs a point')."""
+    code = to_code(Action(ActionKind.SCROLL, direction="down"))
+    assert [ast.unparse(c) for c in _calls(code)] == ["pyautogui.scroll(-5)"]
+    code = to_code(Action(ActionKind.SCROLL, direction="left"))
+    assert [ast.unparse(c) for c in _calls(code)] == ["pyautogui.hscroll(5)"]
+
+
 def test_control_words() -> None:
     assert to_code(Action(ActionKind.WAIT)) == WAIT
     assert to_code(Action(ActionKind.FINISHED, text="done")) == DONE
