@@ -9,7 +9,8 @@ Built over the `miniwob` package's gymnasium environment, with three changes it 
   `SE_OFFLINE=true`, `MINIWOB_CHROME_BINARY`, `MINIWOB_CHROMEDRIVER` for anything else.
 - **A longer episode clock.** MiniWoB scales the reward by elapsed wall time over
   `core.EPISODE_MAX_TIME` (10 s) and ends idle episodes at -1; a model policy takes seconds per
-  step. The clock is set from `env.miniwob.episode_max_time_s` before every episode.
+  step. The clock is set from `env.miniwob.episode_max_time_s` before every episode. A
+  `wait()` pauses `env.wait_s` (the page's clock runs meanwhile) and looks again.
 - **UI-TARS actions.** Points arrive in pixels of the screenshot we returned (the 160x210 task
   area, optionally scaled by `env.miniwob.scale`) and map back to the page by that scale. A
   scroll without a point scrolls where the pointer is (the last point acted at, the centre
@@ -30,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -295,6 +297,8 @@ class MiniWobEnv(Env):
         if action.kind in (ActionKind.FINISHED, ActionKind.CALL_USER):
             self._done = True
             return StepResult(self._blank(), True, {"event": "finished"})
+        if action.kind == ActionKind.WAIT:
+            time.sleep(self.config.wait_s)  # for the page to finish what it started
         try:
             check_type_length(action, self.config.max_type_chars)
             obs, reward, done, info = None, 0.0, False, {}
@@ -314,7 +318,7 @@ class MiniWobEnv(Env):
         if done:
             self._done, self._reward = True, float(reward)
         out = {
-            "event": "done" if done else "acted",
+            "event": "done" if done else "wait" if action.kind == ActionKind.WAIT else "acted",
             "reward": float(reward),
             "raw_reward": float(info.get("raw_reward") or 0.0),
         }
@@ -404,7 +408,9 @@ class MiniWobEnv(Env):
             raise InvalidAction("MiniWoB++ has no right click")
         if k == ActionKind.INVALID:
             raise InvalidAction(a.error or "unparseable")
-        return []  # wait
+        # wait (after its pause): a no-op step looks at the page again and notices an episode
+        # that ended meanwhile (MiniWoB's clock ran out)
+        return [mk(ActionTypes.NONE)]
 
     def _press(self, g: _Gym, key: str) -> dict[str, Any]:
         allowed = g.action_space_config.allowed_keys

@@ -14,7 +14,7 @@ A task's `config` follows OSWorld's task files: `config` is a list of setup step
 `execute`/`command`, `open`, `sleep`, `activate_window`, `close_window`, `upload_file`,
 `download`) and `evaluator` is getter/metric pairs (`dart_ray.envs.osworld_eval`). Actions
 become pyautogui code (`dart_ray.envs.pyautogui_code`, where model strings are only ever
-quoted); WAIT sleeps, DONE ends the episode, FAIL (UI-TARS `call_user`) ends it declaring the
+quoted); WAIT sleeps `env.wait_s`, DONE ends the episode, FAIL (UI-TARS `call_user`) ends it declaring the
 task infeasible. An action that cannot become code (an unknown key, a missing point, a `type`
 over `env.max_type_chars`: at pyautogui's 5 ms a character a longer one outlasts the step) is a
 failed step that says why, and nothing runs.
@@ -114,7 +114,7 @@ class OSWorldEnv(Env):
             self._done = True
             return StepResult(self._observe(c), True, info)
         if code == WAIT:
-            time.sleep(1.0)
+            time.sleep(self.config.wait_s)  # for the app to finish what it started
         else:
             r = c.execute([sys_python(), "-c", code])
             info |= {"returncode": r.get("returncode"), "error": (r.get("error") or "")[-500:]}

@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -27,7 +26,6 @@ pytest.importorskip("Xlib", reason="needs the desktop extra")
 
 from dart_ray.actions import parse_response
 from dart_ray.config import DesktopOptions, EnvConfig
-from dart_ray.envs import osworld
 from dart_ray.envs.desktop.protocol import Desktop, json_reply
 from dart_ray.envs.desktop.server import make_handler
 from dart_ray.envs.osworld import OSWorldEnv
@@ -142,8 +140,7 @@ def desktop(
     options = DesktopOptions(server_url=url, token_env="DART_TEST_DESKTOP_TOKEN", settle_s=0)
     mp = pytest.MonkeyPatch()
     mp.setenv("DART_TEST_DESKTOP_TOKEN", "t0ken-for-the-test")
-    mp.setattr(osworld, "time", SimpleNamespace(sleep=lambda s: None))  # WAIT waits 1 s
-    env = OSWorldEnv(EnvConfig(kind="osworld", desktop=options))
+    env = OSWorldEnv(EnvConfig(kind="osworld", desktop=options, wait_s=0))
     yield env, desk
     mp.undo()
     server.shutdown()
@@ -231,6 +228,22 @@ def test_what_the_desktop_cannot_carry_out_is_a_failed_step_that_says_why(
         assert desk.argvs == []  # nothing ran
     r = env.step(Action(ActionKind.TYPE, text="x" * 1000))
     assert r.info["event"] == "executed" and r.info["returncode"] == 0
+
+
+def test_wait_pauses_for_env_wait_s(desktop: tuple[OSWorldEnv, RecordingDesktop]) -> None:
+    """UI-TARS's wait() means 'pause 5 s and look again': the env sleeps env.wait_s (it was a
+    fixed 1 s), runs nothing, and returns a fresh screenshot."""
+    import time
+
+    fixture_env, desk = desktop
+    url = fixture_env._need_client().base
+    options = DesktopOptions(server_url=url, token_env="DART_TEST_DESKTOP_TOKEN", settle_s=0)
+    env = OSWorldEnv(EnvConfig(kind="osworld", desktop=options, wait_s=0.4))
+    desk.argvs.clear()
+    t0 = time.monotonic()
+    r = env.step(Action(ActionKind.WAIT))
+    assert time.monotonic() - t0 >= 0.4
+    assert (r.done, r.info["event"], desk.argvs) == (False, "WAIT", [])
 
 
 def test_the_recorder_would_see_a_smuggled_command(

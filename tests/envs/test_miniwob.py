@@ -189,7 +189,8 @@ def _chromium_pids(session: Any) -> list[int]:
 def test_session_recovers_from_a_killed_and_a_frozen_browser() -> None:
     from actors.env_session import start_session
 
-    s = start_session(EnvConfig(kind="miniwob", step_timeout_s=5.0), "miniwob-crash")
+    cfg = EnvConfig(kind="miniwob", step_timeout_s=5.0, wait_s=1.0)
+    s = start_session(cfg, "miniwob-crash")
     try:
         # 1. Chromium killed mid-episode: the step raises EnvAborted, never a reward
         obs = ray.get(s.reset.remote(_task("click-test", 7)))
@@ -314,6 +315,22 @@ def test_hotkeys_press_what_miniwob_can_and_say_what_it_cannot(env: MiniWobEnv) 
     # and a right click, which MiniWoB++ has no action for
     r = env.step(Action(ActionKind.RIGHT_SINGLE, point=(10.0, 10.0)))
     assert r.info == {"event": "invalid", "error": "invalid action: MiniWoB++ has no right click"}
+
+
+def test_wait_pauses_for_env_wait_s() -> None:
+    """UI-TARS's wait() means 'pause 5 s and look again'; it used to return at once."""
+    import time
+
+    e = MiniWobEnv(EnvConfig(kind="miniwob", wait_s=0.6))
+    try:
+        e.reset(_task("click-test", 12))
+        t0 = time.monotonic()
+        r = e.step(Action(ActionKind.WAIT))
+        assert time.monotonic() - t0 >= 0.6
+        assert not r.done and r.info["event"] == "wait"
+        assert r.observation.screenshot.startswith(b"\x89PNG")  # the page, looked at again
+    finally:
+        e.close()
 
 
 class InProcess:
