@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from dart_ray.actions import split_keys
 from dart_ray.config import EnvConfig
 from dart_ray.envs.base import (
     Env,
@@ -152,7 +153,7 @@ def miniwob_key(keys: str) -> str:
     (`'C-a'`, `'S-<Tab>'`, `'<Escape>'`, `'A'`); InvalidAction naming what it cannot press."""
     mods: set[str] = set()
     main: list[str] = []
-    for raw in keys.replace("+", " ").split():
+    for raw in split_keys(keys):
         name = raw.lower()
         if name in _MODIFIERS:
             mods.add(_MODIFIERS[name])

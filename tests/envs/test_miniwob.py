@@ -296,6 +296,7 @@ def test_hotkeys_press_what_miniwob_can_and_say_what_it_cannot(env: MiniWobEnv) 
     assert _value(env.step(Action(ActionKind.TYPE, text="x")).observation, "username") == "xaB"
     key("End")
     assert _value(env.step(Action(ActionKind.TYPE, text="y")).observation, "username") == "xaBy"
+    assert _value(key("+"), "username") == "xaBy+"  # the plus key, not a separator
     key("ctrl+a")
     assert _value(key("backspace"), "username") == ""
     assert _focused(key("tab")) == "password"
