@@ -129,19 +129,18 @@ def error_message(e: BaseException, limit: int = 500) -> str:
 
     A `RayTaskError` (what `ray.get` raises for an exception in an actor) is an instance of
     the exception raised there too, but its text is Ray's coloured banner and the remote
-    traceback: the message is that of its `cause`. Also drops ANSI colour codes, tracebacks
-    (Python's, and the browser's `Stacktrace:` in Selenium's errors) and caret lines, joins
-    what is left on one line, and cuts it at `limit` characters."""
+    traceback: the message is that of its `cause`. Also drops ANSI colour codes, a traceback
+    after the message (Python's, or the browser's `Stacktrace:` in Selenium's errors), keeps
+    only the last line of a remote traceback without a cause, joins the rest on one line and
+    cuts it at `limit` characters."""
     cause = getattr(e, "cause", None)
     if isinstance(cause, BaseException) and cause is not e:
         e = cause
-    lines: list[str] = []
-    for line in _ANSI.sub("", str(e)).splitlines():
-        line = line.strip()
-        if line.startswith(_TRACE_STARTS):
-            break
-        if line and not _BANNER.match(line) and set(line) != {"^"}:
-            lines.append(line)
+    lines = [line.strip() for line in _ANSI.sub("", str(e)).splitlines() if line.strip()]
+    cut = next((i for i, line in enumerate(lines) if line.startswith(_TRACE_STARTS)), None)
+    lines = [line for line in lines[:cut] if not _BANNER.match(line) and set(line) != {"^"}]
+    if any(line.startswith('File "') for line in lines):  # a traceback: the error is last
+        lines = lines[-1:]
     text = " ".join(lines) or type(e).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

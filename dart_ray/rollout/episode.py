@@ -181,7 +181,8 @@ async def run_episode(
                 tries += 1
         except Exception as e:  # the server's failure, whatever its type: recorded, not raised
             log.warning("policy failed on %s step %d: %s", task.task_id, i, e)
-            return done(Status.POLICY_ERROR, error=f"generate: {type(e).__name__}: {e}")
+            why = f"generate: {type(e).__name__}: {error_message(e)}"
+            return done(Status.POLICY_ERROR, error=why)
         steps.append(
             Step(
                 step_idx=i,

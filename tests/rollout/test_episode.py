@@ -188,3 +188,26 @@ def test_an_aborted_step_records_the_message_not_rays_banner() -> None:
         ray.kill(s)
     assert (t.status, t.num_steps) == (Status.ABORTED, 1)
     assert t.error == "step 0: slow-steps: step timed out after 0.5s"
+
+
+def test_error_message_drops_colours_banners_and_stack_traces() -> None:
+    from dart_ray.envs.base import EnvCrashed, error_message
+
+    selenium = EnvCrashed(
+        "browser failed on step: WebDriverException: Message: disconnected\n"
+        "Stacktrace:\n#0 0x55d4 <unknown>\n#1 0x55d5 <unknown>"
+    )
+    assert error_message(selenium) == (
+        "browser failed on step: WebDriverException: Message: disconnected"
+    )
+    # a RayTaskError's text (its cause gone), as Ray 2.60 writes it
+    banner = RuntimeError(
+        "\x1b[36mray::EnvSession.step()\x1b[39m (pid=1, ip=127.0.0.1, actor_id=ab)\n"
+        "           ^^^^^^^^^^^^^^^^^^^^\n"
+        '  File "/x/env_session.py", line 109, in step\n'
+        "    raise EnvAborted(why)\n"
+        "dart_ray.envs.base.EnvAborted: env-0: step timed out after 30s"
+    )
+    assert error_message(banner) == "dart_ray.envs.base.EnvAborted: env-0: step timed out after 30s"
+    assert error_message(RuntimeError("x" * 600)) == "x" * 497 + "..."
+    assert error_message(RuntimeError("")) == "RuntimeError"
