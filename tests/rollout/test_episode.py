@@ -180,7 +180,7 @@ def test_an_aborted_step_records_the_message_not_rays_banner() -> None:
     latency = EnvLatency(
         reset_median_s=0.01, reset_sigma=0, reset_lo_s=0, step_median_s=5, step_sigma=0
     )
-    cfg = EnvConfig(kind=LATENCY, step_timeout_s=0.5, latency=latency)
+    cfg = EnvConfig(kind=LATENCY, step_timeout_s=0.5, wait_s=0, latency=latency)
     s = start_session(cfg, "slow-steps")
     try:
         t = _run(RaySession(s), Scripted("wait()"), max_steps=3)
