@@ -16,7 +16,7 @@ Built over the `miniwob` package's gymnasium environment, with three changes it 
   scroll without a point scrolls where the pointer is (the last point acted at, the centre
   before any), as pyautogui does. `type` types each line and presses Enter between them.
 - **More keys.** MiniWoB's default keys (Humphreys et al., 2022) lack Escape, Home, End and
-  shift+Tab; the gym is built with `ALLOWED_KEYS`, those plus the editing and navigation keys
+  shift+Tab; the gym is built with `ALLOWED_KEYS` (`miniwob_keys`), those plus the editing and navigation keys
   a page answers. Browser shortcuts that would close or leave the page (ctrl w, alt F4, F5)
   are not among them: such a hotkey, an unknown key, a right click (MiniWoB has none) or a
   sideways scroll is a failed step that says why (`invalid action: ...`), never a silent no-op.
@@ -38,7 +38,6 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from dart_ray.actions import split_keys
 from dart_ray.config import EnvConfig
 from dart_ray.envs.base import (
     Env,
@@ -50,11 +49,11 @@ from dart_ray.envs.base import (
     check_type_length,
     invalid_step,
 )
+from dart_ray.envs.miniwob_keys import ALLOWED_KEYS, miniwob_key
 from dart_ray.records import Action, ActionKind, Observation, Task
 
 try:
     from miniwob.action import ActionSpaceConfig, ActionTypes
-    from miniwob.constants import ASCII_CHARSET, DEFAULT_ALLOWED_KEYS
     from miniwob.environment import MiniWoBEnvironment
     from miniwob.selenium_instance import SeleniumInstance
     from selenium import webdriver
@@ -79,107 +78,8 @@ CHROMIUM_FLAGS = (
     "--window-size=640,640",  # new headless gives ~140 px less inner height
 )
 HTML_DIR = Path(__import__("miniwob").__file__).parent / "html" / "miniwob"
-_NAMED_KEYS = {
-    "enter": "<Enter>",
-    "return": "<Enter>",
-    "esc": "<Escape>",
-    "escape": "<Escape>",
-    "tab": "<Tab>",
-    "space": "<Space>",
-    "backspace": "<Backspace>",
-    "delete": "<Delete>",
-    "del": "<Delete>",
-    "insert": "<Insert>",
-    "home": "<Home>",
-    "end": "<End>",
-    "pageup": "<PageUp>",
-    "pgup": "<PageUp>",
-    "pagedown": "<PageDown>",
-    "pgdn": "<PageDown>",
-    **{
-        f"{a}{d}": f"<Arrow{d.title()}>"
-        for a in ("", "arrow")
-        for d in ("up", "down", "left", "right")
-    },
-    **{f"f{i}": f"<F{i}>" for i in range(1, 13)},
-}
-"""UI-TARS/pyautogui key names -> WebDriver's (`miniwob.constants.WEBDRIVER_SPECIAL_KEYS`)."""
-_MODIFIERS = {
-    "alt": "A-",
-    "ctrl": "C-",
-    "control": "C-",
-    "meta": "M-",
-    "cmd": "M-",
-    "command": "M-",
-    "win": "M-",
-    "super": "M-",
-    "shift": "S-",
-}
-_EDITING = ("<Home>", "<End>", "<ArrowLeft>", "<ArrowRight>", "<ArrowUp>", "<ArrowDown>")
-ALLOWED_KEYS = tuple(
-    dict.fromkeys(
-        [
-            *DEFAULT_ALLOWED_KEYS,
-            "<Escape>",
-            "<Home>",
-            "<End>",
-            "<Insert>",
-            *(c for c in ASCII_CHARSET if c != " "),  # every printable key, shifted ones too
-            "S-<Tab>",
-            "S-<Enter>",
-            "S-<PageUp>",
-            "S-<PageDown>",
-            *(f"S-{k}" for k in _EDITING),  # select
-            *(f"C-{k}" for k in _EDITING),  # by word, to the start or end of the text
-            *(f"C-S-{k}" for k in _EDITING),
-            "C-<Backspace>",
-            "C-<Delete>",
-            "C-z",
-            "C-y",
-            "C-S-z",
-        ]
-    )
-)
-"""What a hotkey may press in MiniWoB++ (MiniWoB's syntax: `C-`/`S-`/`A-`/`M-` prefixes, in
-that alphabetical order here, then a key): its default keys plus the keys a page answers that
-the default lacks. Not browser shortcuts (ctrl w/t/l/r, alt F4, F5): they would close or leave
-the page, and the episode would be lost to what looks like a crash."""
 # Selenium and urllib3 raise these when the browser or chromedriver is gone
 _BROWSER_GONE = (WebDriverException, ConnectionError, OSError)
-
-
-def miniwob_key(keys: str) -> str:
-    """A UI-TARS hotkey (`'ctrl a'`, `'shift+tab'`, `'esc'`, `'A'`) in MiniWoB's key syntax
-    (`'C-a'`, `'S-<Tab>'`, `'<Escape>'`, `'A'`); InvalidAction naming what it cannot press."""
-    mods: set[str] = set()
-    main: list[str] = []
-    for raw in split_keys(keys):
-        name = raw.lower()
-        if name in _MODIFIERS:
-            mods.add(_MODIFIERS[name])
-        elif name in _NAMED_KEYS:
-            main.append(_NAMED_KEYS[name])
-        elif len(raw) == 1 and raw in ASCII_CHARSET:
-            main.append(raw)
-        else:
-            raise InvalidAction(f"unknown key {raw!r}")
-    if len(main) > 1:
-        raise InvalidAction(f"{keys!r} presses more than one key besides modifiers")
-    if not main:
-        raise InvalidAction(f"{keys!r} presses no key besides modifiers")
-    key = main[0]
-    if len(key) == 1 and key.isalpha():  # shift+letter is the capital; ctrl+A is ctrl+a
-        if mods == {"S-"}:
-            key, mods = key.upper(), set()
-        elif mods:
-            key = key.lower()
-    out = "".join(sorted(mods)) + key
-    if out not in ALLOWED_KEYS:
-        raise InvalidAction(
-            f"MiniWoB++ does not press {keys!r} (editing and navigation keys only, "
-            "no browser shortcuts)"
-        )
-    return out
 
 
 def find_browser(config: EnvConfig) -> tuple[str, str]:
