@@ -1,6 +1,6 @@
 """MiniWoB++ in a real headless Chromium, behind the dart-ray Env contract (extra `browser`).
 
-Built over the `miniwob` package's gymnasium environment, with three changes it needs here:
+Built over the `miniwob` package's gymnasium environment, with four changes it needs here:
 
 - **Offline Chromium.** The package starts Chrome with only `headless`, `no-sandbox` and
   `disable-gpu`, and without an explicit driver Selenium Manager tries to download one. We
@@ -16,10 +16,11 @@ Built over the `miniwob` package's gymnasium environment, with three changes it 
   scroll without a point scrolls where the pointer is (the last point acted at, the centre
   before any), as pyautogui does. `type` types each line and presses Enter between them.
 - **More keys.** MiniWoB's default keys (Humphreys et al., 2022) lack Escape, Home, End and
-  shift+Tab; the gym is built with `ALLOWED_KEYS` (`miniwob_keys`), those plus the editing and navigation keys
-  a page answers. Browser shortcuts that would close or leave the page (ctrl w, alt F4, F5)
-  are not among them: such a hotkey, an unknown key, a right click (MiniWoB has none) or a
-  sideways scroll is a failed step that says why (`invalid action: ...`), never a silent no-op.
+  shift+Tab; the gym is built with `miniwob_keys.ALLOWED_KEYS`, those plus the editing and
+  navigation keys a page answers. Browser shortcuts that would close or leave the page (ctrl
+  w, alt F4, F5) are not among them: such a hotkey, an unknown key, a right click (MiniWoB has
+  none), a sideways scroll or a point off the page is a failed step that says why
+  (`invalid action: ...`), never a silent no-op.
 
 The trajectory reward is the task's own (JavaScript) reward: in [-1, 1], scaled down by elapsed
 time; an episode the policy leaves unfinished scores -1, as MiniWoB's own timeout does.
@@ -200,6 +201,7 @@ class MiniWobEnv(Env):
             return StepResult(self._blank(), True, {"event": "finished"})
         if action.kind == ActionKind.WAIT:
             time.sleep(self.config.wait_s)  # for the page to finish what it started
+        pointer = self._pointer
         try:
             check_type_length(action, self.config.max_type_chars)
             obs, reward, done, info = None, 0.0, False, {}
@@ -212,7 +214,9 @@ class MiniWobEnv(Env):
         except _BROWSER_GONE as e:
             if not self.healthy():
                 raise EnvCrashed(f"browser failed on step: {type(e).__name__}: {e}") from e
-            # the browser is fine: the action itself was impossible (a point off the page)
+            # the browser is fine: the action itself was impossible (a point off the page),
+            # and the pointer did not move
+            self._pointer = pointer
             return invalid_step(self._screenshot(g), str(e).split("\n", 1)[0])
         if obs is None:  # nothing to do in the page (an empty type)
             return StepResult(self._screenshot(g), False, {"event": "nothing"})

@@ -263,6 +263,10 @@ def test_a_scroll_without_a_point_scrolls_where_the_pointer_is(env: MiniWobEnv) 
     assert env.step(down).info["event"] == "acted" and _js(env, scrolled) == 0
     env.step(Action(ActionKind.CLICK, point=(x, y)))  # back on the text
     assert env.step(down).info["event"] == "acted" and _js(env, scrolled) > 0
+    # a click off the page fails and leaves the pointer where it was: on the text
+    before = _js(env, scrolled)
+    assert env.step(Action(ActionKind.CLICK, point=(5000.0, 5.0))).info["event"] == "invalid"
+    assert env.step(down).info["event"] == "acted" and _js(env, scrolled) > before
     # MiniWoB++ scrolls only up and down: sideways is a failed step that says so
     r = env.step(Action(ActionKind.SCROLL, point=(x, y), direction="left"))
     assert r.info == {

@@ -125,10 +125,12 @@ class MiniDeskEnv(Env):
     def _point(
         self, p: tuple[float, float] | None, kind: ActionKind, what: str = "a point"
     ) -> tuple[float, float]:
-        """`p`, where the pointer now is; InvalidAction without one."""
+        """`p`; the pointer moves there (kept on the screen, as a real one is); InvalidAction
+        without one."""
         if p is None:
             raise InvalidAction(f"{kind.value} needs {what}")
-        self._pointer = p
+        w, h = self.config.screen_width, self.config.screen_height
+        self._pointer = (min(max(p[0], 0.0), w - 1.0), min(max(p[1], 0.0), h - 1.0))
         return p
 
     def _observe(self, redraw: bool) -> Observation:
