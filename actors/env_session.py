@@ -6,8 +6,9 @@ into one typed outcome, `EnvAborted`, raised from the call that hit it (reset, s
 evaluate), and recreates its environment before the next episode. The rollouter catches it and
 records the trajectory in progress as `Status.ABORTED`, to retry on a fresh session; it is never
 scored as a failure with reward 0, which would teach the policy that the task is hard when the
-machine was broken. Bad input (`EnvInputError`: a malformed task, an action the env refuses) is
-different: it passes through unchanged and the session stays as it was.
+machine was broken. Bad input (`EnvInputError`: a malformed task; `NoEpisode`: a step without
+a reset) is different: it passes through unchanged and the session stays as it was. An action
+the env cannot carry out is neither: the env answers it with a failed step (`invalid_step`).
 
 Each call runs in a worker thread with a deadline (`env.reset_timeout_s`, `step_timeout_s`): a
 hung browser or server cannot hang the rollout. On a deadline the session closes the stuck
@@ -38,7 +39,15 @@ import psutil
 import ray
 
 from dart_ray.config import EnvConfig
-from dart_ray.envs.base import Env, EnvAborted, EnvInputError, StepResult, make_env
+from dart_ray.envs.base import (
+    Env,
+    EnvAborted,
+    EnvInputError,
+    NoEpisode,
+    StepResult,
+    error_message,
+    make_env,
+)
 from dart_ray.records import Action, Observation, Task
 
 T = TypeVar("T")
@@ -149,7 +158,7 @@ class EnvSession:
     # ------------------------------------------------------------------ machinery
     def _need_episode(self, what: str) -> None:
         if not self._in_episode:
-            raise EnvInputError(
+            raise NoEpisode(
                 f"{what} without an episode in progress: call reset(task) first"
                 + (
                     f" (the last episode was aborted: {self._last_error})"
@@ -171,7 +180,8 @@ class EnvSession:
                 except EnvInputError:
                     raise
                 except Exception as e:  # any other failure means the env is broken: rebuild it
-                    raise self._abort(what, f"{what} failed: {type(e).__name__}: {e}", e) from e
+                    why = f"{what} failed: {type(e).__name__}: {error_message(e)}"
+                    raise self._abort(what, why, e) from e
             finally:
                 dt = time.monotonic() - t0
                 self._busy += dt
@@ -187,9 +197,8 @@ class EnvSession:
         except EnvInputError:
             raise
         except Exception as e:
-            raise self._abort(
-                "start", f"environment failed to start: {type(e).__name__}: {e}", e
-            ) from e
+            why = f"environment failed to start: {type(e).__name__}: {error_message(e)}"
+            raise self._abort("start", why, e) from e
         self._env = env
         self._counts["builds"] += 1
         return env

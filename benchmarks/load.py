@@ -139,7 +139,13 @@ def bench_policy(args: argparse.Namespace) -> dict[str, Any]:
     port = free_port()
     cfg = PolicyConfig(http_host="127.0.0.1", http_port=port, max_batch_size=16)
     model_dir = REPO / "fixtures" / "tiny-sft"
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
+    )
     try:
         handle = run_policy(cfg, model_dir, name="load", route_prefix="/load")
         state = {k: v.detach().clone() for k, v in load_model(model_dir).state_dict().items()}

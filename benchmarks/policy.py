@@ -74,7 +74,7 @@ def start_ray(store_bytes: int, attempts: int = 3) -> None:
     start succeeds."""
     for attempt in range(1, attempts + 1):
         try:
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+            ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
                      object_store_memory=store_bytes)  # fmt: skip
             return
         except Exception as e:

@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         # room for the version the replicas serve (they point into it), the one arriving and
         # a spare (a smaller store spills to disk and measures the disk)
         store = max(2**30, 3 * max(_spec_bytes(SIZES[s]) for s in sizes))
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
                  _node_ip_address="127.0.0.1", object_store_memory=store)  # fmt: skip
         serve.start(http_options={"location": "NoServer"})
         if not args.cold:  # as rank 0 does with train.warm_object_store

@@ -38,6 +38,7 @@ __all__ = [
     "parse_action",
     "parse_response",
     "smart_resize",
+    "split_keys",
 ]
 
 BOX_START = "<|box_start|>"
@@ -159,6 +160,15 @@ _POINTER_KINDS = {
     "left_double": ActionKind.LEFT_DOUBLE,
     "right_single": ActionKind.RIGHT_SINGLE,
 }
+
+
+def split_keys(keys: str) -> list[str]:
+    """The keys of a hotkey: UI-TARS separates them with spaces (`'ctrl c'`), pyautogui-style
+    text with `+` (`'ctrl+c'`); a `+` that stands alone is the plus key (`'+'`, `'ctrl +'`)."""
+    out: list[str] = []
+    for token in keys.split():
+        out += [k for k in token.split("+") if k] if len(token) > 1 else [token]
+    return out
 
 
 def _arg(args: dict[str, str], keys: tuple[str, ...], name: str) -> str:

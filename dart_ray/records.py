@@ -121,7 +121,9 @@ class Observation:
 
 @dataclass(frozen=True, slots=True)
 class Action:
-    """A parsed action, in screen pixels. INVALID carries the parser's reason in `error`."""
+    """A parsed action, in screen pixels. `error` says why it was not carried out: the
+    parser's reason for an INVALID action, or `invalid action: <reason>` for an action the
+    environment could not carry out (the step keeps what the model wrote, and the reason)."""
 
     kind: ActionKind
     point: tuple[float, float] | None = None
@@ -198,7 +200,8 @@ class Trajectory:
     started_at: float = 0.0
     finished_at: float = 0.0
     error: str | None = None
-    """Why the episode was aborted or failed, for ABORTED / ENV_ERROR / POLICY_ERROR."""
+    """Why the episode was aborted or failed, for ABORTED / ENV_ERROR / POLICY_ERROR: the
+    error's message, without Ray's banner and traceback (`envs.base.error_message`)."""
 
     @property
     def num_steps(self) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -51,13 +52,26 @@ def new_run_id(config: Config) -> str:
 
 
 def start_ray(config: Config) -> None:
+    """Join the cluster `cluster.address` names, or start a Ray of this run's own.
+
+    Without an address, `ray.init()` would join whatever Ray it finds on the machine (the
+    last `ray start`, or $RAY_ADDRESS) and then refuse our `num_cpus`; a local run must not
+    join a cluster it was not pointed at, so it asks for `address="local"`, which Ray never
+    resolves to another cluster. To use $RAY_ADDRESS, say `cluster.address=auto`."""
     if ray.is_initialized():
         return
     c = config.cluster
     if c.address:
         ray.init(address=c.address, namespace=c.namespace)
         return
+    if found := os.environ.get("RAY_ADDRESS"):
+        log.warning(
+            "RAY_ADDRESS=%s is set but cluster.address is not: starting a local Ray "
+            "(cluster.address=auto joins that cluster)",
+            found,
+        )
     ray.init(
+        address="local",
         num_cpus=c.num_cpus,
         namespace=c.namespace,
         _node_ip_address="127.0.0.1",  # a local Ray listens on loopback only

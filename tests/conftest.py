@@ -105,6 +105,7 @@ def ray_local() -> Iterator[None]:
     started = not ray.is_initialized()
     if started:
         ray.init(
+            address="local",  # never a Ray already running here (a `ray start --head`)
             num_cpus=2,
             resources={"env": 8},
             include_dashboard=False,

@@ -48,6 +48,9 @@ def test_overrides_take_toml_values() -> None:
         ("train.ppo_epochs=0", "train.ppo_epochs = 0: Input should be greater than or equal to 1"),
         ("algo.off_policy=tis", "algo.off_policy = 'tis': Input should be 'token_tis'"),
         ("algo.mask_high=0.9", "[algo.mask_low, algo.mask_high] = [0.5, 0.9] must contain 1"),
+        ("env.wait_s=30", "env.wait_s (30) must be shorter than env.step_timeout_s (30)"),
+        ("env.wait_s=-1", "env.wait_s = -1: Input should be greater than or equal to 0"),
+        ("env.max_type_chars=0", "env.max_type_chars = 0: Input should be greater than or equal"),
     ],
 )
 def test_errors_name_the_key_and_value(override: str, expected: str) -> None:

@@ -147,7 +147,7 @@ _FAULTS_SCRIPT = r"""
 import json, os, resource, sys
 import numpy as np, ray
 os.environ["RAY_preallocate_plasma_memory"] = "1"
-ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
+ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False,
          object_store_memory=400 * 2**20, _node_ip_address="127.0.0.1")
 from dart_ray.weights import warm_object_store
 weights = np.ones(48 * 2**20, dtype=np.uint8)

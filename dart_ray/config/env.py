@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from dart_ray.config.base import Section
 from dart_ray.config.timing import EnvLatency
@@ -101,6 +101,16 @@ class EnvConfig(Section):
     """Seconds a reset may take before the session is declared broken."""
     step_timeout_s: float = Field(default=30.0, gt=0)
     """Seconds a step may take before the session is declared broken."""
+    wait_s: float = Field(default=5.0, ge=0)
+    """Seconds a `wait()` action pauses before the next screenshot, for a page or an app to
+    finish what it started: the 5 s the UI-TARS prompt promises the model (`wait() # pause
+    5 s`). MiniWoB++ and the desktops pause; MiniDesk does not (nothing there changes with
+    time, so a pause would only slow its rollouts). Must be shorter than step_timeout_s."""
+    max_type_chars: int = Field(default=1000, ge=1)
+    """Longest `type(content=...)` an environment types; a longer one is a failed step
+    (`invalid action: ...`), the model's mistake. Typing is slow (MiniWoB++ ~1.5 ms a
+    character, a desktop 5 ms or more), so what step_timeout_s allows bounds this: past the
+    deadline the session would be rebuilt and the episode retried as the machine's failure."""
     num_cpus: float = Field(default=0.25, gt=0)
     """CPUs each EnvSession actor reserves (fractional is fine); an EnvHost reserves as much
     for all its sessions."""
@@ -128,6 +138,15 @@ class EnvConfig(Section):
         if v is not None and start is not None and v < start:
             raise ValueError(f"must be at least env.num_sessions ({start})")
         return v
+
+    @model_validator(mode="after")
+    def _wait_within_a_step(self) -> EnvConfig:
+        if self.wait_s >= self.step_timeout_s:
+            raise ValueError(
+                f"env.wait_s ({self.wait_s:g}) must be shorter than env.step_timeout_s "
+                f"({self.step_timeout_s:g}): every wait() would abort its episode"
+            )
+        return self
 
     @field_validator("resource")
     @classmethod

@@ -22,7 +22,9 @@ class RolloutConfig(Section):
     max_retries: int = Field(default=2, ge=0)
     """Retries of an aborted trajectory on a fresh session before it is ENV_ERROR."""
     on_invalid_action: Literal["penalise", "end", "retry"] = "penalise"
-    """Unparseable model output: count a no-op step (`penalise`), end the episode, or resample."""
+    """Unparseable model output: count a no-op step (`penalise`), end the episode, or resample.
+    An action the environment cannot carry out (its step says `invalid action: ...`) is a
+    no-op step too, or ends the episode with `end` (`retry` cannot take back what was sent)."""
     success_threshold: float = 1.0
     """A trajectory with reward >= this counts as a success (task statistics, replay)."""
 

@@ -42,7 +42,8 @@ class RunConfig(Section):
 
 class ClusterConfig(Section):
     address: str | None = None
-    """Ray cluster address (`auto`, `ray://host:10001`); unset starts a local Ray."""
+    """Ray cluster address (`auto`: the one $RAY_ADDRESS or the last `ray start` here names;
+    `ray://host:10001`); unset starts a local Ray of the run's own, even beside a running one."""
     num_cpus: float | None = None
     """CPUs of a local Ray (unset: all); ignored when joining a cluster."""
     namespace: str = "dart-ray"

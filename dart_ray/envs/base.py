@@ -8,8 +8,15 @@ Failures are part of the contract, not an afterthought. GUI sessions crash: a br
 application is killed, a desktop server stops answering. An environment that detects such a
 failure raises `EnvCrashed`; the session then recreates the environment and reports the episode
 in progress as ABORTED (never as a failed episode with reward 0, which would teach the policy
-that the task is hard when the machine was broken). A task or action the environment cannot
-accept raises `EnvInputError`, which names the problem and leaves the environment usable.
+that the task is hard when the machine was broken). A task the environment cannot accept
+raises `EnvInputError`, which names the problem and leaves the environment usable.
+
+An action the environment cannot carry out (a click without a point, a key it cannot press,
+text over `env.max_type_chars`) is the model's mistake, and is judged as the model's: `step`
+returns `invalid_step(observation, reason)`, a step in which nothing happened and whose
+`info` says `invalid action: <reason>`; the episode records the reason on its step and goes
+on. Never an exception: one that reached the rollouter would end it, and an abort would be
+retried as if the machine had failed.
 
 Observations carry PNG screenshots, but PNG encoding costs more than a whole MiniDesk step, so
 `FrameObservation` keeps the raw frame and encodes only when `.screenshot` is first read (or when
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import importlib
 import io
+import re
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -30,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
-from dart_ray.records import Action, Observation, Task
+from dart_ray.records import Action, ActionKind, Observation, Task
 
 if TYPE_CHECKING:
     from dart_ray.config import EnvConfig
@@ -46,6 +54,20 @@ class EnvCrashed(EnvError):
 
 class EnvInputError(EnvError, ValueError):
     """A task or an action the environment cannot accept; the environment stays usable."""
+
+
+class InvalidAction(EnvInputError):
+    """An action the environment cannot carry out; `str(e)` is the reason.
+
+    Environments raise it inside `step` and answer with `invalid_step` (see the module
+    docstring); the episode treats one that escapes `step` (any `EnvInputError` from a step:
+    the contract's word for an action the env refuses) the same way."""
+
+
+class NoEpisode(EnvInputError):
+    """`step` or `evaluate` with no episode in progress: never reset, the last episode was
+    aborted, or the session's process was restarted in between (which loses the episode, so
+    the episode treats it as an environment failure)."""
 
 
 class EnvAborted(EnvError):
@@ -71,6 +93,56 @@ class StepResult:
     done: bool = False
     info: dict[str, Any] = field(default_factory=dict)
     """Environment-specific details (e.g. `{"event": "clicked", "target": "ok"}`); JSON-able."""
+
+
+INVALID_EVENT = "invalid"
+"""`info["event"]` of a step whose action the environment could not carry out."""
+
+
+def invalid_step(observation: Observation, reason: str) -> StepResult:
+    """The step of an action the environment cannot carry out: nothing happened, the episode
+    goes on, and `info` is `{"event": "invalid", "error": "invalid action: <reason>"}`."""
+    return StepResult(observation, False, {"event": INVALID_EVENT, "error": invalid_reason(reason)})
+
+
+def invalid_reason(reason: str) -> str:
+    """`invalid action: <reason>` (once, however often it is wrapped)."""
+    return reason if reason.startswith("invalid action: ") else f"invalid action: {reason}"
+
+
+def check_type_length(action: Action, max_chars: int) -> None:
+    """InvalidAction for a `type` whose content is longer than `max_chars` (`env.max_type_chars`):
+    typing it would outlast the step deadline, and the timeout would count as the machine's
+    failure."""
+    n = len(action.text or "") if action.kind is ActionKind.TYPE else 0
+    if n > max_chars:
+        raise InvalidAction(f"type content has {n} characters, more than {max_chars}")
+
+
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+_BANNER = re.compile(r"^ray::\S+ \(pid=")  # Ray's first line: which task or actor call failed
+_TRACE_STARTS = ("Traceback (most recent call last)", "Stacktrace:")
+
+
+def error_message(e: BaseException, limit: int = 500) -> str:
+    """What an error says, for a record (a trajectory's `error`, a session's last error).
+
+    A `RayTaskError` (what `ray.get` raises for an exception in an actor) is an instance of
+    the exception raised there too, but its text is Ray's coloured banner and the remote
+    traceback: the message is that of its `cause`. Also drops ANSI colour codes, a traceback
+    after the message (Python's, or the browser's `Stacktrace:` in Selenium's errors), keeps
+    only the last line of a remote traceback without a cause, joins the rest on one line and
+    cuts it at `limit` characters."""
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, BaseException) and cause is not e:
+        e = cause
+    lines = [line.strip() for line in _ANSI.sub("", str(e)).splitlines() if line.strip()]
+    cut = next((i for i, line in enumerate(lines) if line.startswith(_TRACE_STARTS)), None)
+    lines = [line for line in lines[:cut] if not _BANNER.match(line) and set(line) != {"^"}]
+    if any(line.startswith('File "') for line in lines):  # a traceback: the error is last
+        lines = lines[-1:]
+    text = " ".join(lines) or type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def encode_png(image: Image.Image, compress_level: int = 1) -> bytes:

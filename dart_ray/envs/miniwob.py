@@ -1,6 +1,6 @@
 """MiniWoB++ in a real headless Chromium, behind the dart-ray Env contract (extra `browser`).
 
-Built over the `miniwob` package's gymnasium environment, with three changes it needs here:
+Built over the `miniwob` package's gymnasium environment, with four changes it needs here:
 
 - **Offline Chromium.** The package starts Chrome with only `headless`, `no-sandbox` and
   `disable-gpu`, and without an explicit driver Selenium Manager tries to download one. We
@@ -9,9 +9,18 @@ Built over the `miniwob` package's gymnasium environment, with three changes it 
   `SE_OFFLINE=true`, `MINIWOB_CHROME_BINARY`, `MINIWOB_CHROMEDRIVER` for anything else.
 - **A longer episode clock.** MiniWoB scales the reward by elapsed wall time over
   `core.EPISODE_MAX_TIME` (10 s) and ends idle episodes at -1; a model policy takes seconds per
-  step. The clock is set from `env.miniwob.episode_max_time_s` before every episode.
+  step. The clock is set from `env.miniwob.episode_max_time_s` before every episode. A
+  `wait()` pauses `env.wait_s` (the page's clock runs meanwhile) and looks again.
 - **UI-TARS actions.** Points arrive in pixels of the screenshot we returned (the 160x210 task
-  area, optionally scaled by `env.miniwob.scale`) and map back to the page by that scale.
+  area, optionally scaled by `env.miniwob.scale`) and map back to the page by that scale. A
+  scroll without a point scrolls where the pointer is (the last point acted at, the centre
+  before any), as pyautogui does. `type` types each line and presses Enter between them.
+- **More keys.** MiniWoB's default keys (Humphreys et al., 2022) lack Escape, Home, End and
+  shift+Tab; the gym is built with `miniwob_keys.ALLOWED_KEYS`, those plus the editing and
+  navigation keys a page answers. Browser shortcuts that would close or leave the page (ctrl
+  w, alt F4, F5) are not among them: such a hotkey, an unknown key, a right click (MiniWoB has
+  none), a sideways scroll or a point off the page is a failed step that says why
+  (`invalid action: ...`), never a silent no-op.
 
 The trajectory reward is the task's own (JavaScript) reward: in [-1, 1], scaled down by elapsed
 time; an episode the policy leaves unfinished scores -1, as MiniWoB's own timeout does.
@@ -23,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +40,21 @@ import numpy as np
 from PIL import Image
 
 from dart_ray.config import EnvConfig
-from dart_ray.envs.base import Env, EnvCrashed, EnvInputError, FrameObservation, StepResult
+from dart_ray.envs.base import (
+    Env,
+    EnvCrashed,
+    EnvInputError,
+    FrameObservation,
+    InvalidAction,
+    StepResult,
+    check_type_length,
+    invalid_step,
+)
+from dart_ray.envs.miniwob_keys import ALLOWED_KEYS, miniwob_key
 from dart_ray.records import Action, ActionKind, Observation, Task
 
 try:
-    from miniwob.action import ActionTypes
+    from miniwob.action import ActionSpaceConfig, ActionTypes
     from miniwob.environment import MiniWoBEnvironment
     from miniwob.selenium_instance import SeleniumInstance
     from selenium import webdriver
@@ -59,28 +79,6 @@ CHROMIUM_FLAGS = (
     "--window-size=640,640",  # new headless gives ~140 px less inner height
 )
 HTML_DIR = Path(__import__("miniwob").__file__).parent / "html" / "miniwob"
-KEYS = {
-    "enter": "<Enter>",
-    "return": "<Enter>",
-    "backspace": "<Backspace>",
-    "delete": "<Delete>",
-    "tab": "<Tab>",
-    "space": "<Space>",
-    "up": "<ArrowUp>",
-    "down": "<ArrowDown>",
-    "left": "<ArrowLeft>",
-    "right": "<ArrowRight>",
-    "arrowup": "<ArrowUp>",
-    "arrowdown": "<ArrowDown>",
-    "arrowleft": "<ArrowLeft>",
-    "arrowright": "<ArrowRight>",
-    "pageup": "<PageUp>",
-    "pagedown": "<PageDown>",
-    "ctrl a": "C-a",
-    "ctrl c": "C-c",
-    "ctrl x": "C-x",
-    "ctrl v": "C-v",
-}
 # Selenium and urllib3 raise these when the browser or chromedriver is gone
 _BROWSER_GONE = (WebDriverException, ConnectionError, OSError)
 
@@ -169,6 +167,7 @@ class MiniWobEnv(Env):
         self._subdomain: str | None = None
         self._done = False
         self._reward = -1.0
+        self._pointer = self._centre()
 
     # ------------------------------------------------------------------ contract
     def reset(self, task: Task) -> Observation:
@@ -184,12 +183,14 @@ class MiniWobEnv(Env):
             obs, _ = self._gym.reset(seed=seed)
         except _BROWSER_GONE as e:
             raise EnvCrashed(f"browser failed on reset: {type(e).__name__}: {e}") from e
-        self._done, self._reward = False, -1.0
+        self._done, self._reward, self._pointer = False, -1.0, self._centre()
         return self._observation(obs)
 
     def _make(self, subdomain: str) -> _Gym:
         gym_cls = type("_G", (_Gym,), {"instance_cls": self._instance_cls})
-        return gym_cls(subdomain=subdomain, render_mode=None)
+        keys = ActionSpaceConfig.get_preset("all_supported")
+        keys.allowed_keys = ALLOWED_KEYS
+        return gym_cls(subdomain=subdomain, render_mode=None, action_space_config=keys)
 
     def step(self, action: Action) -> StepResult:
         g = self._need_gym()
@@ -198,24 +199,31 @@ class MiniWobEnv(Env):
         if action.kind in (ActionKind.FINISHED, ActionKind.CALL_USER):
             self._done = True
             return StepResult(self._blank(), True, {"event": "finished"})
+        if action.kind == ActionKind.WAIT:
+            time.sleep(self.config.wait_s)  # for the page to finish what it started
+        pointer = self._pointer
         try:
+            check_type_length(action, self.config.max_type_chars)
             obs, reward, done, info = None, 0.0, False, {}
             for mw in self._translate(g, action):
                 obs, reward, done, _, info = g.step(mw)
                 if done:
                     break
+        except InvalidAction as e:
+            return invalid_step(self._screenshot(g), str(e))
         except _BROWSER_GONE as e:
             if not self.healthy():
                 raise EnvCrashed(f"browser failed on step: {type(e).__name__}: {e}") from e
-            # the browser is fine: the action itself was impossible (a point off the page)
-            msg = str(e).split("\n", 1)[0]
-            return StepResult(self._screenshot(g), False, {"event": "error", "error": msg})
-        if obs is None:  # nothing to do in the page (wait, unsupported key)
+            # the browser is fine: the action itself was impossible (a point off the page),
+            # and the pointer did not move
+            self._pointer = pointer
+            return invalid_step(self._screenshot(g), str(e).split("\n", 1)[0])
+        if obs is None:  # nothing to do in the page (an empty type)
             return StepResult(self._screenshot(g), False, {"event": "nothing"})
         if done:
             self._done, self._reward = True, float(reward)
         out = {
-            "event": "done" if done else "acted",
+            "event": "done" if done else "wait" if action.kind == ActionKind.WAIT else "acted",
             "reward": float(reward),
             "raw_reward": float(info.get("raw_reward") or 0.0),
         }
@@ -256,48 +264,62 @@ class MiniWobEnv(Env):
             raise EnvInputError("MiniWoB++ has no task: call reset(task) first")
         return self._gym
 
-    def _page(self, p: tuple[float, float] | None, kind: ActionKind) -> np.ndarray:
+    def _centre(self) -> tuple[float, float]:
+        s = self.options.scale
+        return 80 * s, 105 * s  # of the 160x210 task area
+
+    def _page(
+        self, p: tuple[float, float] | None, kind: ActionKind, what: str = "a point"
+    ) -> np.ndarray:
+        """A screenshot point on the page (where the pointer now is); InvalidAction without."""
         if p is None:
-            raise EnvInputError(f"{kind.value} action needs a point")
+            raise InvalidAction(f"{kind.value} needs {what}")
+        self._pointer = p
         s = self.options.scale
         return np.array([p[0] / s, p[1] / s], dtype=np.float32)
 
     def _translate(self, g: _Gym, a: Action) -> list[dict[str, Any]]:
-        """UI-TARS action -> MiniWoB actions (a drag is press, move, release)."""
+        """UI-TARS action -> MiniWoB actions (a drag is press, move, release); InvalidAction
+        for what MiniWoB cannot do."""
         k, mk = a.kind, g.create_action
         if k == ActionKind.CLICK:
             return [mk(ActionTypes.CLICK_COORDS, coords=self._page(a.point, k))]
         if k == ActionKind.LEFT_DOUBLE:
             return [mk(ActionTypes.DBLCLICK_COORDS, coords=self._page(a.point, k))]
         if k == ActionKind.DRAG:
-            start, end = self._page(a.point, k), self._page(a.end_point, k)
+            start, end = self._page(a.point, k), self._page(a.end_point, k, "an end point")
             return [
                 mk(ActionTypes.MOUSEDOWN_COORDS, coords=start),
                 mk(ActionTypes.MOVE_COORDS, coords=(start + end) / 2),
                 mk(ActionTypes.MOUSEUP_COORDS, coords=end),
             ]
         if k == ActionKind.SCROLL:
-            kind = (
-                ActionTypes.SCROLL_UP_COORDS
-                if a.direction == "up"
-                else ActionTypes.SCROLL_DOWN_COORDS
-            )
-            return [mk(kind, coords=self._page(a.point, k))]
+            d = (a.direction or "down").lower()
+            if d not in ("up", "down"):
+                raise InvalidAction(f"MiniWoB++ scrolls only up and down, not {d}")
+            kind = ActionTypes.SCROLL_UP_COORDS if d == "up" else ActionTypes.SCROLL_DOWN_COORDS
+            return [mk(kind, coords=self._page(a.point or self._pointer, k))]
         if k == ActionKind.TYPE:
-            text = a.text or ""
-            line, newline, _ = text.partition("\n")
-            out = [mk(ActionTypes.TYPE_TEXT, text=line)] if line else []
-            return out + (self._key(g, "enter") if newline else [])
+            out = []
+            for i, line in enumerate((a.text or "").split("\n")):
+                if i:
+                    out.append(self._press(g, "<Enter>"))
+                if line:
+                    out.append(mk(ActionTypes.TYPE_TEXT, text=line))
+            return out
         if k == ActionKind.HOTKEY:
-            return self._key(g, a.text or "")
-        return []  # right click (no context menus in MiniWoB), wait, invalid: nothing
+            return [self._press(g, miniwob_key(a.text or ""))]
+        if k == ActionKind.RIGHT_SINGLE:
+            raise InvalidAction("MiniWoB++ has no right click")
+        if k == ActionKind.INVALID:
+            raise InvalidAction(a.error or "unparseable")
+        # wait (after its pause): a no-op step looks at the page again and notices an episode
+        # that ended meanwhile (MiniWoB's clock ran out)
+        return [mk(ActionTypes.NONE)]
 
-    def _key(self, g: _Gym, keys: str) -> list[dict[str, Any]]:
-        name = KEYS.get(" ".join(keys.lower().replace("+", " ").split()))
+    def _press(self, g: _Gym, key: str) -> dict[str, Any]:
         allowed = g.action_space_config.allowed_keys
-        if name is None or name not in allowed:
-            return []
-        return [g.create_action(ActionTypes.PRESS_KEY, key=allowed.index(name))]
+        return g.create_action(ActionTypes.PRESS_KEY, key=allowed.index(key))
 
     # ------------------------------------------------------------------ observations
     def _observation(self, obs: dict[str, Any]) -> Observation:

@@ -14,8 +14,10 @@ A task's `config` follows OSWorld's task files: `config` is a list of setup step
 `execute`/`command`, `open`, `sleep`, `activate_window`, `close_window`, `upload_file`,
 `download`) and `evaluator` is getter/metric pairs (`dart_ray.envs.osworld_eval`). Actions
 become pyautogui code (`dart_ray.envs.pyautogui_code`, where model strings are only ever
-quoted); WAIT sleeps, DONE ends the episode, FAIL (UI-TARS `call_user`) ends it declaring the
-task infeasible.
+quoted); WAIT sleeps `env.wait_s`, DONE ends the episode, FAIL (UI-TARS `call_user`) ends it declaring the
+task infeasible. An action that cannot become code (an unknown key, a missing point, a `type`
+over `env.max_type_chars`: at pyautogui's 5 ms a character a longer one outlasts the step) is a
+failed step that says why, and nothing runs.
 
 A server that does not answer, answers 5xx, reports a crashed application, or answers outside
 the protocol (not JSON, a field missing or mistyped: `EnvProtocolError`) raises `EnvCrashed`:
@@ -38,7 +40,15 @@ import psutil
 
 from dart_ray.config import EnvConfig, read_secret
 from dart_ray.envs import osworld_eval
-from dart_ray.envs.base import Env, EnvCrashed, EnvInputError, StepResult
+from dart_ray.envs.base import (
+    Env,
+    EnvCrashed,
+    EnvInputError,
+    InvalidAction,
+    StepResult,
+    check_type_length,
+    invalid_step,
+)
 from dart_ray.envs.osworld_client import EmulatorPool, EnvProtocolError, OSWorldClient
 from dart_ray.envs.pyautogui_code import DONE, FAIL, WAIT, UnsafeAction, to_code
 from dart_ray.envs.taskfile import TaskFileError, check_task_id
@@ -94,16 +104,17 @@ class OSWorldEnv(Env):
         if self._done:
             return StepResult(self._observe(c), True, {"event": "episode_over"})
         try:
+            check_type_length(action, self.config.max_type_chars)
             code = to_code(action)
-        except UnsafeAction as e:  # the model's action cannot run: nothing happens
-            return StepResult(self._observe(c), False, {"event": "refused", "error": str(e)})
+        except (UnsafeAction, InvalidAction) as e:  # the model's action cannot run: nothing does
+            return invalid_step(self._observe(c), str(e))
         self.last_action = code if code in (WAIT, DONE, FAIL) else "code"
         info: dict[str, Any] = {"event": code if code in (WAIT, DONE, FAIL) else "executed"}
         if code in (DONE, FAIL):
             self._done = True
             return StepResult(self._observe(c), True, info)
         if code == WAIT:
-            time.sleep(1.0)
+            time.sleep(self.config.wait_s)  # for the app to finish what it started
         else:
             r = c.execute([sys_python(), "-c", code])
             info |= {"returncode": r.get("returncode"), "error": (r.get("error") or "")[-500:]}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import string
 
+from dart_ray.actions import split_keys
 from dart_ray.records import Action, ActionKind
 
 WAIT, DONE, FAIL = "WAIT", "DONE", "FAIL"
@@ -92,7 +93,7 @@ def _xy(p: tuple[float, float] | None, kind: ActionKind) -> str:
 def hotkey_keys(text: str) -> list[str]:
     """`'ctrl shift t'`/`'ctrl+s'` -> pyautogui key names; UnsafeAction for unknown keys."""
     keys = []
-    for raw in text.replace("+", " ").split():
+    for raw in split_keys(text):
         k = _ALIASES.get(raw.lower(), raw.lower())
         if k not in _NAMED_KEYS and k not in _SINGLE:
             raise UnsafeAction(f"unknown key {raw!r}")
@@ -122,6 +123,8 @@ def to_code(a: Action, scroll_clicks: int = 5) -> str:
             raise UnsafeAction(f"unknown scroll direction {a.direction!r}")
         amount = scroll_clicks if d in ("up", "left") else -scroll_clicks
         fn = "scroll" if d in ("up", "down") else "hscroll"
+        if a.point is None:  # UI-TARS may leave it out: where the mouse is (pyautogui's rule)
+            return PREAMBLE + f"pyautogui.{fn}({amount})"
         return PREAMBLE + f"pyautogui.moveTo({_xy(a.point, k)}); pyautogui.{fn}({amount})"
     if k == ActionKind.HOTKEY:
         keys = ", ".join(repr(key) for key in hotkey_keys(a.text or ""))

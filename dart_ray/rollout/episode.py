@@ -7,13 +7,18 @@
         action = parse(g.text) mapped to screen pixels
         record Step(prompt ids, response ids, log-probs, version, screenshot, action)
         invalid action -> penalise (no-op step) | end the episode | resample
-        finished / call_user / env says done -> stop
         obs = step(action)
+        the env could not carry it out -> its reason on the step; penalise | end
+        finished / call_user / env says done -> stop
     reward = evaluate()
 
-Environment failures do not become rewards: `EnvAborted` (or a dead session) ends the
-episode as ABORTED, to be retried on a fresh session. A policy failure ends it as
-POLICY_ERROR. Both keep the steps taken so far, for the record.
+An action the environment cannot carry out (a key it cannot press, text too long to type) is
+the model's mistake: the step records `invalid action: <reason>` in its action's `error` and
+the episode goes on from it (or ends, with `on_invalid = "end"`; `retry` cannot take back an
+action already sent, so it goes on). Environment failures do not become rewards: `EnvAborted`
+(or a dead session, or one that lost the episode) ends the episode as ABORTED, to be retried
+on a fresh session. A policy failure ends it as POLICY_ERROR. Both keep the steps taken so
+far, for the record, and the error's message (never Ray's banner and traceback).
 """
 
 from __future__ import annotations
@@ -21,16 +26,24 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
 import ray
 
 from dart_ray.actions import CoordinateMap, parse_response
 from dart_ray.engines.base import GenerateRequest, Generation, SamplingParams
-from dart_ray.envs.base import EnvAborted, StepResult
+from dart_ray.envs.base import (
+    INVALID_EVENT,
+    EnvAborted,
+    EnvInputError,
+    NoEpisode,
+    StepResult,
+    error_message,
+    invalid_reason,
+)
 from dart_ray.prompts import Turn, build_messages
-from dart_ray.records import ActionKind, Observation, Status, Step, Task, Trajectory
+from dart_ray.records import Action, ActionKind, Observation, Status, Step, Task, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +117,12 @@ def new_trajectory_id(group_id: str) -> str:
     return f"{group_id}/{uuid.uuid4().hex[:12]}"
 
 
-_ENV_FAILURES = (EnvAborted, ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
+_ENV_FAILURES = (
+    EnvAborted,
+    NoEpisode,
+    ray.exceptions.RayActorError,
+    ray.exceptions.ActorUnavailableError,
+)
 
 
 async def run_episode(
@@ -135,7 +153,7 @@ async def run_episode(
     try:
         obs = await session.reset(task)
     except _ENV_FAILURES as e:
-        return done(Status.ABORTED, error=f"reset: {e}")
+        return done(Status.ABORTED, error=f"reset: {error_message(e)}")
     extra: dict[str, int] = {}
     if s.min_pixels is not None:
         extra["min_pixels"] = s.min_pixels
@@ -163,7 +181,8 @@ async def run_episode(
                 tries += 1
         except Exception as e:  # the server's failure, whatever its type: recorded, not raised
             log.warning("policy failed on %s step %d: %s", task.task_id, i, e)
-            return done(Status.POLICY_ERROR, error=f"generate: {type(e).__name__}: {e}")
+            why = f"generate: {type(e).__name__}: {error_message(e)}"
+            return done(Status.POLICY_ERROR, error=why)
         steps.append(
             Step(
                 step_idx=i,
@@ -187,18 +206,38 @@ async def run_episode(
             turns.append(Turn(turns[-1].screenshot))  # a no-op step: same screen again
             continue
         try:
-            result = await session.step(parsed.action)
+            screen, why, ended = await _act(session, parsed.action, turns[-1].screenshot)
         except _ENV_FAILURES as e:
-            return done(Status.ABORTED, error=f"step {i}: {e}")
-        if kind in (ActionKind.FINISHED, ActionKind.CALL_USER) or result.done:
+            return done(Status.ABORTED, error=f"step {i}: {error_message(e)}")
+        if why is not None:  # the model's mistake: recorded on its step
+            steps[-1] = replace(steps[-1], action=replace(parsed.action, error=why))
+            if s.on_invalid == "end":
+                break
+        elif kind in (ActionKind.FINISHED, ActionKind.CALL_USER) or ended:
             finished = True
             break
-        turns.append(Turn(result.observation.screenshot))
+        turns.append(Turn(screen))
     try:
         reward = await session.evaluate()
     except _ENV_FAILURES as e:
-        return done(Status.ABORTED, error=f"evaluate: {e}")
+        return done(Status.ABORTED, error=f"evaluate: {error_message(e)}")
     return done(Status.OK if finished else Status.TRUNCATED, reward)
+
+
+async def _act(session: Session, action: Action, screen: bytes) -> tuple[bytes, str | None, bool]:
+    """Send one action: (the screen after it, `invalid action: <reason>` if the environment
+    could not carry it out, whether the environment ended the episode). Raises the
+    `_ENV_FAILURES`, which are the environment's."""
+    try:
+        result = await session.step(action)
+    except _ENV_FAILURES:
+        raise
+    except EnvInputError as e:  # an env that refuses the action by raising: the same
+        return screen, invalid_reason(error_message(e)), False
+    if result.info.get("event") == INVALID_EVENT:
+        why = str(result.info.get("error") or "the environment could not carry it out")
+        return result.observation.screenshot, invalid_reason(why), False
+    return result.observation.screenshot, None, result.done
 
 
 def _frame(gen: Generation, guess: CoordinateMap) -> CoordinateMap:

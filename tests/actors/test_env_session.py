@@ -58,8 +58,12 @@ def test_bad_input_passes_through_and_the_session_stays_usable() -> None:
     with pytest.raises(EnvInputError, match="widgets"):
         ray.get(s.reset.remote(Task("bad", "x", "minidesk", {"goal": {}})))
     ray.get(s.reset.remote(make_task("click-button", 1, 0)))
-    with pytest.raises(EnvInputError, match="needs a point"):
-        ray.get(s.step.remote(Action(ActionKind.CLICK)))
+    # an action the env cannot carry out is the model's: a failed step, never an exception
+    r = ray.get(s.step.remote(Action(ActionKind.CLICK)))
+    assert r.info == {"event": "invalid", "error": "invalid action: click needs a point"}
+    # a scroll without a point (UI-TARS allows it) scrolls where the pointer is
+    r = ray.get(s.step.remote(Action(ActionKind.SCROLL, direction="down")))
+    assert not r.done and r.info == {"event": "nothing"}  # no list under the pointer
     assert ray.get(s.step.remote(Action(ActionKind.WAIT))).info["event"] == "wait"
     st = ray.get(s.stats.remote())
     assert st.aborted == 0 and st.recreations == 0

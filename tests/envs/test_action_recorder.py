@@ -156,7 +156,8 @@ def model_responses(draw: st.DrawFn) -> str:
         args = f"content={lit(draw(hostile_text))}"
     elif name == "scroll":
         direction = draw(st.one_of(st.sampled_from(["up", "down", "left", "right"]), hostile_text))
-        args = f"{box_key}={lit(draw(_box()))}, direction={lit(direction)}"
+        where = f"{box_key}={lit(draw(_box()))}, " if _often(draw) else ""  # optional
+        args = f"{where}direction={lit(direction)}"
     else:
         args = draw(hostile_text)
     tail = ")" if _often(draw) else draw(st.sampled_from(["", "))", ") x", "\n\nAction: wait()"]))
@@ -193,10 +194,9 @@ def expected_calls(a: Action) -> list[Call]:
     if k is ActionKind.SCROLL:
         d = a.direction or "down"
         amount = 5 if d in ("up", "left") else -5
-        return [
-            ("moveTo", _xy(a.point), {}),
-            ("scroll" if d in ("up", "down") else "hscroll", [amount], {}),
-        ]
+        wheel: Call = ("scroll" if d in ("up", "down") else "hscroll", [amount], {})
+        # without a point, where the mouse is (pyautogui's own rule)
+        return [wheel] if a.point is None else [("moveTo", _xy(a.point), {}), wheel]
     if k is ActionKind.HOTKEY:
         return [("hotkey", hotkey_keys(a.text or ""), {})]
     if k is ActionKind.TYPE:
@@ -276,8 +276,11 @@ def literal_calls(code: str) -> list[Call]:
 def _check_in_process(action: Action) -> None:
     try:
         code = to_code(action)
-    except UnsafeAction:
-        assert action.kind in (ActionKind.INVALID, ActionKind.HOTKEY, ActionKind.SCROLL)
+    except UnsafeAction:  # unparseable, a key not on the allowlist, a made-up direction
+        assert action.kind in (ActionKind.INVALID, ActionKind.HOTKEY) or (
+            action.kind is ActionKind.SCROLL
+            and action.direction not in ("up", "down", "left", "right")
+        ), action
         return
     if code in (WAIT, DONE, FAIL):
         assert action.kind in (ActionKind.WAIT, ActionKind.FINISHED, ActionKind.CALL_USER)

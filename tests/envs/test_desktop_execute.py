@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -27,7 +26,6 @@ pytest.importorskip("Xlib", reason="needs the desktop extra")
 
 from dart_ray.actions import parse_response
 from dart_ray.config import DesktopOptions, EnvConfig
-from dart_ray.envs import osworld
 from dart_ray.envs.desktop.protocol import Desktop, json_reply
 from dart_ray.envs.desktop.server import make_handler
 from dart_ray.envs.osworld import OSWorldEnv
@@ -142,8 +140,7 @@ def desktop(
     options = DesktopOptions(server_url=url, token_env="DART_TEST_DESKTOP_TOKEN", settle_s=0)
     mp = pytest.MonkeyPatch()
     mp.setenv("DART_TEST_DESKTOP_TOKEN", "t0ken-for-the-test")
-    mp.setattr(osworld, "time", SimpleNamespace(sleep=lambda s: None))  # WAIT waits 1 s
-    env = OSWorldEnv(EnvConfig(kind="osworld", desktop=options))
+    env = OSWorldEnv(EnvConfig(kind="osworld", desktop=options, wait_s=0))
     yield env, desk
     mp.undo()
     server.shutdown()
@@ -156,9 +153,10 @@ def _step_on_desktop(env: OSWorldEnv, desk: RecordingDesktop, action: Action) ->
     desk.argvs.clear()
     env._done = False
     result = env.step(action)
-    if result.info.get("event") != "executed":  # refused, WAIT, DONE, FAIL: nothing ran
+    if result.info.get("event") != "executed":  # invalid, WAIT, DONE, FAIL: nothing ran
         assert desk.argvs == [] and not record.exists()
-        if result.info.get("event") == "refused":
+        if result.info.get("event") == "invalid":
+            assert not result.done and result.info["error"].startswith("invalid action: ")
             with pytest.raises(UnsafeAction):
                 to_code(action)
         return
@@ -198,6 +196,7 @@ def test_adversarial_responses_through_the_desktop_server(
         Action(ActionKind.HOTKEY, text="ctrl+shift+t"),
         Action(ActionKind.HOTKEY, text="ctrl'); import os; ('"),
         Action(ActionKind.SCROLL, point=(5.0, 5.0), direction="left"),
+        Action(ActionKind.SCROLL, direction="down"),
         Action(ActionKind.FINISHED, text="'); import os; ('"),
     ],
 )
@@ -207,6 +206,44 @@ def test_hand_picked_actions_through_the_desktop_server(
     env, desk = desktop
     _step_on_desktop(env, desk, action)
     assert not (desk.m.home / "pwned").exists()
+
+
+def test_what_the_desktop_cannot_carry_out_is_a_failed_step_that_says_why(
+    desktop: tuple[OSWorldEnv, RecordingDesktop],
+) -> None:
+    env, desk = desktop
+    env._done = False
+    for action, why in [
+        (Action(ActionKind.HOTKEY, text="ctrl hyper"), "unknown key 'hyper'"),
+        (Action(ActionKind.CLICK), "click needs a point"),
+        # typed at 5 ms a character, 1,001 would take longer than a step may
+        (
+            Action(ActionKind.TYPE, text="x" * 1001),
+            "type content has 1001 characters, more than 1000",
+        ),
+    ]:
+        desk.argvs.clear()
+        r = env.step(action)
+        assert (r.done, r.info) == (False, {"event": "invalid", "error": f"invalid action: {why}"})
+        assert desk.argvs == []  # nothing ran
+    r = env.step(Action(ActionKind.TYPE, text="x" * 1000))
+    assert r.info["event"] == "executed" and r.info["returncode"] == 0
+
+
+def test_wait_pauses_for_env_wait_s(desktop: tuple[OSWorldEnv, RecordingDesktop]) -> None:
+    """UI-TARS's wait() means 'pause 5 s and look again': the env sleeps env.wait_s (it was a
+    fixed 1 s), runs nothing, and returns a fresh screenshot."""
+    import time
+
+    fixture_env, desk = desktop
+    url = fixture_env._need_client().base
+    options = DesktopOptions(server_url=url, token_env="DART_TEST_DESKTOP_TOKEN", settle_s=0)
+    env = OSWorldEnv(EnvConfig(kind="osworld", desktop=options, wait_s=0.4))
+    desk.argvs.clear()
+    t0 = time.monotonic()
+    r = env.step(Action(ActionKind.WAIT))
+    assert time.monotonic() - t0 >= 0.4
+    assert (r.done, r.info["event"], desk.argvs) == (False, "WAIT", [])
 
 
 def test_the_recorder_would_see_a_smuggled_command(

@@ -221,8 +221,12 @@ def test_bad_input_names_the_problem() -> None:
     with pytest.raises(EnvInputError, match="'nope'"):
         env.reset(Task("x", "do it", "minidesk", spec))
     env.reset(make_task("click-button", 1, 0))
-    with pytest.raises(EnvInputError, match="needs a point"):
-        env.step(Action(ActionKind.CLICK))
+    # an action it cannot carry out is a failed step that says why, not an exception
+    r = env.step(Action(ActionKind.CLICK))
+    assert (r.done, r.info) == (
+        False,
+        {"event": "invalid", "error": "invalid action: click needs a point"},
+    )
     # the env is still usable after refusing bad input
     assert env.step(Action(ActionKind.WAIT)).info["event"] == "wait"
     tiny = MiniDeskEnv(EnvConfig(screen_width=120, screen_height=60))
@@ -311,3 +315,59 @@ def test_grid_placement_centres_every_widget_on_a_28px_cell() -> None:
             centres.add((int(cx), int(cy)))
         assert solve(task, cfg) == (1.0, 1)
     assert len(centres) >= 6  # seeded cells, not one fixed layout
+
+
+def _scroll_list() -> tuple[MiniDeskEnv, str]:
+    env = MiniDeskEnv(_cfg(placement="flow"))
+    env.reset(make_task("scroll-list", 3, 1))
+    [lst] = [w.id for w in env.scene.widgets.values() if w.kind == "list"]
+    return env, lst
+
+
+def test_a_scroll_without_a_point_scrolls_where_the_pointer_is() -> None:
+    """UI-TARS may leave the point out (`scroll(direction='down')`); pyautogui then scrolls
+    wherever the mouse is. Here: at the last point the model clicked or scrolled at, the
+    centre of the screen before any."""
+    env, lst = _scroll_list()
+    box = env.scene.widgets[lst].list_box()
+    assert not box.contains(160, 120)  # the list is not under the centre of the screen
+    r = env.step(Action(ActionKind.SCROLL, direction="down"))
+    assert r.info == {"event": "nothing"} and env.scene.widgets[lst].offset == 0
+    env.step(_click((box.x + 5, box.y + 3)))  # the pointer is over the list now
+    r = env.step(Action(ActionKind.SCROLL, direction="down"))
+    assert r.info == {"event": "scrolled", "target": lst, "value": 3}  # three rows
+    r = env.step(Action(ActionKind.SCROLL, direction="up"))
+    assert r.info["value"] == 0
+
+
+def test_typed_lines_are_typed_with_enter_between() -> None:
+    """`type(content='ab\\ncd')` types ab, presses Enter, types cd (UI-TARS's newline is
+    Enter); here Enter commits nothing (the only commit is a menu item), so cd must land."""
+    spec = {
+        "widgets": [{"id": "note", "kind": "textfield", "label": "Note"}],
+        "menus": {"File": ["Save"]},
+        "goal": {"commit": "menu:File/Save", "values": {"note": "abcd"}},
+    }
+    env = MiniDeskEnv(_cfg(placement="flow"))
+    env.reset(Task("t", "Type abcd, save.", "minidesk", spec))
+    env.step(_click(env.scene.widgets["note"].field_box().center))
+    r = env.step(Action(ActionKind.TYPE, text="ab\ncd"))
+    assert env.scene.widgets["note"].text == "abcd" and not r.done
+    # once an Enter commits, the episode is over: what follows is not typed
+    spec["widgets"].append({"id": "ok", "kind": "button", "label": "OK", "commit": True})
+    spec["goal"] = {"commit": "ok"}
+    env.reset(Task("t", "Press OK.", "minidesk", spec))
+    env.step(_click(env.scene.widgets["note"].field_box().center))
+    r = env.step(Action(ActionKind.TYPE, text="ab\ncd"))
+    assert r.done and env.scene.committed == "ok" and env.scene.widgets["note"].text == "ab"
+
+
+def test_text_over_the_type_limit_is_a_failed_step() -> None:
+    env = MiniDeskEnv(EnvConfig(max_type_chars=5))
+    env.reset(make_task("type-field", 1, 0))
+    r = env.step(Action(ActionKind.TYPE, text="abcdef"))
+    assert (r.done, r.info) == (
+        False,
+        {"event": "invalid", "error": "invalid action: type content has 6 characters, more than 5"},
+    )
+    assert env.step(Action(ActionKind.TYPE, text="abcde")).info["event"] != "invalid"

@@ -7,6 +7,7 @@ screenshot pixels) and act only through UI-TARS actions at pixel positions."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -19,7 +20,7 @@ import ray
 
 from dart_ray.config import EnvConfig, MiniWobOptions
 from dart_ray.envs.base import EnvAborted, EnvInputError
-from dart_ray.records import Action, ActionKind, Observation, Task
+from dart_ray.records import Action, ActionKind, Observation, Status, Task
 
 pytest.importorskip("miniwob", reason="needs the browser extra")
 from dart_ray.envs.miniwob import MiniWobEnv
@@ -155,8 +156,11 @@ def test_bad_tasks_are_refused_and_the_browser_stays(env: MiniWobEnv) -> None:
     with pytest.raises(EnvInputError, match="no MiniWoB"):
         env.reset(_task("../../etc/passwd", 0))
     env.reset(_task("click-test", 3))
-    with pytest.raises(EnvInputError, match="needs a point"):
-        env.step(Action(ActionKind.CLICK))
+    r = env.step(Action(ActionKind.CLICK))  # the model's mistake: a failed step, not an error
+    assert (r.done, r.info) == (
+        False,
+        {"event": "invalid", "error": "invalid action: click needs a point"},
+    )
     assert env.healthy()
 
 
@@ -185,7 +189,8 @@ def _chromium_pids(session: Any) -> list[int]:
 def test_session_recovers_from_a_killed_and_a_frozen_browser() -> None:
     from actors.env_session import start_session
 
-    s = start_session(EnvConfig(kind="miniwob", step_timeout_s=5.0), "miniwob-crash")
+    cfg = EnvConfig(kind="miniwob", step_timeout_s=5.0, wait_s=1.0)
+    s = start_session(cfg, "miniwob-crash")
     try:
         # 1. Chromium killed mid-episode: the step raises EnvAborted, never a reward
         obs = ray.get(s.reset.remote(_task("click-test", 7)))
@@ -221,11 +226,171 @@ def test_session_recovers_from_a_killed_and_a_frozen_browser() -> None:
         ray.kill(s)
 
 
-def test_a_point_off_the_page_is_a_harmless_error_not_a_crash(env: MiniWobEnv) -> None:
+def test_a_point_off_the_page_is_a_failed_step_not_a_crash(env: MiniWobEnv) -> None:
     env.reset(_task("click-test", 11))
     r = env.step(Action(ActionKind.CLICK, point=(5000.0, 5000.0)))
-    assert not r.done and r.info["event"] == "error" and "out of bounds" in r.info["error"]
+    assert not r.done and r.info["event"] == "invalid"
+    assert r.info["error"].startswith("invalid action: ") and "out of bounds" in r.info["error"]
     assert env.healthy()
+
+
+def _js(env: MiniWobEnv, script: str) -> Any:
+    return env._gym.instance.driver.execute_script(script)  # type: ignore[union-attr]
+
+
+def _value(obs: Observation, id_: str) -> str:
+    return next(e["value"] for e in _els(obs)[1] if e["id"] == id_)  # type: ignore[no-any-return]
+
+
+def _focused(obs: Observation) -> str:
+    return next(e["id"] for e in _els(obs)[1] if e["focused"])  # type: ignore[no-any-return]
+
+
+def test_a_scroll_without_a_point_scrolls_where_the_pointer_is(env: MiniWobEnv) -> None:
+    """`scroll(direction='down')` (UI-TARS allows no point) scrolls where the mouse is, as
+    pyautogui does: the last point acted at, the centre of the screen before any. It used to
+    raise EnvInputError, which ended the rollouter."""
+    down = Action(ActionKind.SCROLL, direction="down")
+    scrolled = "return document.getElementById('text-area').scrollTop"
+    obs = env.reset(_task("scroll-text", 1))
+    area = _find(_els(obs)[1], "textarea")
+    x, y = _center(area)
+    assert area["top"] < 105 < area["top"] + area["height"]  # the centre (80, 105) is on it
+    r = env.step(down)
+    assert r.info["event"] == "acted" and _js(env, scrolled) > 0
+    env.reset(_task("scroll-text", 1))
+    env.step(_click(_find(_els(obs)[1], "input_text")))  # the pointer leaves it
+    assert env.step(down).info["event"] == "acted" and _js(env, scrolled) == 0
+    env.step(Action(ActionKind.CLICK, point=(x, y)))  # back on the text
+    assert env.step(down).info["event"] == "acted" and _js(env, scrolled) > 0
+    # a click off the page fails and leaves the pointer where it was: on the text
+    before = _js(env, scrolled)
+    assert env.step(Action(ActionKind.CLICK, point=(5000.0, 5.0))).info["event"] == "invalid"
+    assert env.step(down).info["event"] == "acted" and _js(env, scrolled) > before
+    # MiniWoB++ scrolls only up and down: sideways is a failed step that says so
+    r = env.step(Action(ActionKind.SCROLL, point=(x, y), direction="left"))
+    assert r.info == {
+        "event": "invalid",
+        "error": "invalid action: MiniWoB++ scrolls only up and down, not left",
+    }
+
+
+def test_typed_lines_are_each_typed_with_enter_between(env: MiniWobEnv) -> None:
+    """`type(content='ab\\ncd\\n')` types ab, Enter, cd, Enter; the text after the first
+    newline used to be dropped."""
+    obs = env.reset(_task("copy-paste", 1))
+    env.step(_click(_find(_els(obs)[1], "textarea")))
+    env.step(Action(ActionKind.HOTKEY, text="ctrl a"))
+    r = env.step(Action(ActionKind.TYPE, text="ab\ncd\n"))
+    assert _value(r.observation, "to-copy") == "ab\ncd\n"
+
+
+def test_hotkeys_press_what_miniwob_can_and_say_what_it_cannot(env: MiniWobEnv) -> None:
+    obs = env.reset(_task("login-user", 1))
+    env.step(_click(_find(_els(obs)[1], "input_text", id_="username")))
+
+    def key(keys: str) -> Observation:
+        r = env.step(Action(ActionKind.HOTKEY, text=keys))
+        assert r.info["event"] == "acted", (keys, r.info)
+        return r.observation
+
+    assert _value(key("a"), "username") == "a"  # a single letter
+    assert _value(key("shift b"), "username") == "aB"
+    key("home")
+    assert _value(env.step(Action(ActionKind.TYPE, text="x")).observation, "username") == "xaB"
+    key("End")
+    assert _value(env.step(Action(ActionKind.TYPE, text="y")).observation, "username") == "xaBy"
+    assert _value(key("+"), "username") == "xaBy+"  # the plus key, not a separator
+    key("ctrl+a")
+    assert _value(key("backspace"), "username") == ""
+    assert _focused(key("tab")) == "password"
+    assert _focused(key("shift+tab")) == "username"
+    key("esc")
+    # keys it cannot press: a failed step each, with the reason
+    for keys, why in [
+        ("ctrl w", "MiniWoB++ does not press 'ctrl w'"),
+        ("alt f4", "MiniWoB++ does not press 'alt f4'"),
+        ("hyper", "unknown key 'hyper'"),
+        ("ctrl shift", "'ctrl shift' presses no key besides modifiers"),
+        ("a b", "'a b' presses more than one key"),
+    ]:
+        r = env.step(Action(ActionKind.HOTKEY, text=keys))
+        assert (r.done, r.info["event"]) == (False, "invalid"), keys
+        assert r.info["error"].startswith(f"invalid action: {why}"), r.info
+    # and a right click, which MiniWoB++ has no action for
+    r = env.step(Action(ActionKind.RIGHT_SINGLE, point=(10.0, 10.0)))
+    assert r.info == {"event": "invalid", "error": "invalid action: MiniWoB++ has no right click"}
+
+
+def test_wait_pauses_for_env_wait_s() -> None:
+    """UI-TARS's wait() means 'pause 5 s and look again'; it used to return at once."""
+    import time
+
+    e = MiniWobEnv(EnvConfig(kind="miniwob", wait_s=0.6))
+    try:
+        e.reset(_task("click-test", 12))
+        t0 = time.monotonic()
+        r = e.step(Action(ActionKind.WAIT))
+        assert time.monotonic() - t0 >= 0.6
+        assert not r.done and r.info["event"] == "wait"
+        assert r.observation.screenshot.startswith(b"\x89PNG")  # the page, looked at again
+    finally:
+        e.close()
+
+
+class InProcess:
+    """An EnvSession (deadlines, crash recovery) in this process, as an episode's Session."""
+
+    def __init__(self, session: Any) -> None:
+        self.s = session
+
+    async def reset(self, task: Task) -> Observation:
+        return await asyncio.to_thread(self.s.reset, task)  # type: ignore[no-any-return]
+
+    async def step(self, action: object) -> Any:
+        return await asyncio.to_thread(self.s.step, action)
+
+    async def evaluate(self) -> float:
+        return await asyncio.to_thread(self.s.evaluate)  # type: ignore[no-any-return]
+
+
+class Typist:
+    """Types 20,000 characters, then gives up."""
+
+    def __init__(self) -> None:
+        self.turn = 0
+
+    async def generate(self, request: object) -> Any:
+        from dart_ray.engines.base import Generation
+
+        self.turn += 1
+        action = "type(content='" + "x" * 20_000 + "')" if self.turn == 1 else "finished()"
+        return Generation(f"Action: {action}", (1,), (2,), (0.0,), (0.0,), 0, "stop")
+
+
+def test_a_very_long_type_is_the_models_failed_step_not_an_aborted_episode() -> None:
+    """20,000 characters take Chromium ~30 s: past the step deadline, so the session rebuilt
+    the browser and the episode was ABORTED (retried, never penalised). Past
+    env.max_type_chars it is the model's failed step."""
+    from actors.env_session import EnvSession
+    from dart_ray.rollout.episode import EpisodeSettings, Slot, run_episode
+
+    cfg = EnvConfig(kind="miniwob", step_timeout_s=10.0)
+    session = EnvSession(cfg, "miniwob-typist")
+    try:
+        slot, settings = Slot("g", 1, "", 0, "run"), EpisodeSettings(max_steps=3)
+        t = asyncio.run(
+            run_episode(InProcess(session), Typist(), _task("enter-text", 1), slot, settings)  # type: ignore[arg-type]
+        )
+        assert (t.status, t.num_steps, t.error) == (Status.OK, 2, None)
+        assert t.steps[0].action.error == (
+            "invalid action: type content has 20000 characters, more than 1000"
+        )
+        assert t.reward == -1.0  # finished without submitting: the task's own verdict
+        st = session.stats()
+        assert (st.aborted, st.recreations) == (0, 0)
+    finally:
+        session.close()
 
 
 def _live(pids: list[int]) -> list[psutil.Process]:

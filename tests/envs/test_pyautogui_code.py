@@ -8,7 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dart_ray.envs.pyautogui_code import DONE, FAIL, PREAMBLE, WAIT, UnsafeAction, to_code
+from dart_ray.envs.pyautogui_code import (
+    DONE,
+    FAIL,
+    PREAMBLE,
+    WAIT,
+    UnsafeAction,
+    hotkey_keys,
+    to_code,
+)
 from dart_ray.records import Action, ActionKind
 
 ALLOWED_CALLS = {
@@ -106,6 +114,21 @@ def test_points_are_numbers_and_keys_come_from_an_allowlist() -> None:
         to_code(Action(ActionKind.SCROLL, point=(1, 1), direction="sideways'); x('"))
     with pytest.raises(UnsafeAction):
         to_code(Action(ActionKind.INVALID, error="unparseable"))
+
+
+def test_plus_is_a_key_when_it_is_not_a_separator() -> None:
+    assert hotkey_keys("+") == ["+"]
+    assert hotkey_keys("ctrl +") == ["ctrl", "+"]
+    assert hotkey_keys("ctrl+shift+t") == ["ctrl", "shift", "t"]
+
+
+def test_a_scroll_without_a_point_scrolls_where_the_mouse_is() -> None:
+    """UI-TARS may write `scroll(direction='down')`: pyautogui then scrolls at the pointer,
+    as OSWorld's agents do; it used to be refused ('scroll needs a point')."""
+    code = to_code(Action(ActionKind.SCROLL, direction="down"))
+    assert [ast.unparse(c) for c in _calls(code)] == ["pyautogui.scroll(-5)"]
+    code = to_code(Action(ActionKind.SCROLL, direction="left"))
+    assert [ast.unparse(c) for c in _calls(code)] == ["pyautogui.hscroll(5)"]
 
 
 def test_control_words() -> None:

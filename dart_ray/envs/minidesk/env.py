@@ -5,6 +5,12 @@ drawing, so a laptop can roll out thousands of episodes while a real desktop doe
 It exists to develop and test the whole RL loop on CPU, and to train a tiny model far enough
 to see learning (held-out success rising) in minutes.
 
+Time does not move in MiniDesk (nothing changes unless the policy acts), so `wait()` returns at
+once whatever `env.wait_s` says: a pause would only slow rollouts. An action it cannot carry out
+(a click without a point, text over `env.max_type_chars`) is a failed step that says why. A
+scroll without a point scrolls where the pointer is: the last point the policy acted at, the
+centre of the screen before any (pyautogui's rule on a real desktop).
+
 Observations are `FrameObservation`s: the PNG is encoded only when someone reads
 `.screenshot` (or the observation leaves the process), unless `env.minidesk.encode_png` asks
 for it in every step (the benchmark measures both).
@@ -17,7 +23,15 @@ from typing import Any
 from PIL import Image
 
 from dart_ray.config import EnvConfig
-from dart_ray.envs.base import Env, EnvInputError, FrameObservation, StepResult
+from dart_ray.envs.base import (
+    Env,
+    EnvInputError,
+    FrameObservation,
+    InvalidAction,
+    StepResult,
+    check_type_length,
+    invalid_step,
+)
 from dart_ray.envs.minidesk import interact
 from dart_ray.envs.minidesk.render import background, render
 from dart_ray.envs.minidesk.scene import Scene
@@ -35,7 +49,11 @@ class MiniDeskEnv(Env):
         self._frame: Image.Image | None = None
         self._obs: Observation | None = None
         self._done = False
+        self._pointer = self._centre()
         self.task: Task | None = None
+
+    def _centre(self) -> tuple[float, float]:
+        return self.config.screen_width / 2, self.config.screen_height / 2
 
     @property
     def scene(self) -> Scene:
@@ -54,6 +72,7 @@ class MiniDeskEnv(Env):
             raise EnvInputError(f"task {task.task_id}: seed must be an integer, got {seed!r}")
         scene.layout(self.config.screen_width, self.config.screen_height, placement, seed)
         self._scene, self.task, self._done = scene, task, False
+        self._pointer = self._centre()
         self._base = background(scene, self.options.wallpaper)
         return self._observe(redraw=True)
 
@@ -61,7 +80,11 @@ class MiniDeskEnv(Env):
         s = self.scene
         if self._done:
             return StepResult(self._observe(redraw=False), True, {"event": "episode_over"})
-        info = self._apply(s, action)
+        try:
+            check_type_length(action, self.config.max_type_chars)
+            info = self._apply(s, action)
+        except InvalidAction as e:
+            return invalid_step(self._observe(redraw=False), str(e))
         self._done = s.committed is not None or action.kind in (
             ActionKind.FINISHED,
             ActionKind.CALL_USER,
@@ -72,41 +95,43 @@ class MiniDeskEnv(Env):
 
     def _apply(self, s: Scene, a: Action) -> dict[str, Any]:
         k = a.kind
-        if (
-            k
-            in (
-                ActionKind.CLICK,
-                ActionKind.LEFT_DOUBLE,
-                ActionKind.RIGHT_SINGLE,
-                ActionKind.SCROLL,
-            )
-            and a.point is None
-        ):
-            raise EnvInputError(f"{k.value} action needs a point")
         if k == ActionKind.CLICK:
-            return interact.click(s, *a.point)  # type: ignore[misc]
+            return interact.click(s, *self._point(a.point, k))
         if k == ActionKind.LEFT_DOUBLE:
-            interact.click(s, *a.point)  # type: ignore[misc]
+            p = self._point(a.point, k)
+            interact.click(s, *p)
             if s.committed is not None:  # the first click already ended the episode
                 return {"event": "commit", "target": s.committed}
-            return interact.click(s, *a.point)  # type: ignore[misc]
+            return interact.click(s, *p)
         if k == ActionKind.RIGHT_SINGLE:
+            self._point(a.point, k)
             return {"event": "nothing"}  # MiniDesk has no context menus
         if k == ActionKind.DRAG:
-            if a.point is None or a.end_point is None:
-                raise EnvInputError("drag action needs a start and an end point")
-            return interact.drag(s, a.point, a.end_point)
+            start = self._point(a.point, k)
+            return interact.drag(s, start, self._point(a.end_point, k, "an end point"))
         if k == ActionKind.TYPE:
             return interact.type_text(s, a.text or "")
         if k == ActionKind.HOTKEY:
             return interact.key(s, a.text or "")
         if k == ActionKind.SCROLL:
-            return interact.scroll(s, *a.point, (a.direction or "").lower())  # type: ignore[misc]
+            x, y = self._pointer if a.point is None else self._point(a.point, k)
+            return interact.scroll(s, x, y, (a.direction or "").lower())
         if k == ActionKind.WAIT:
             return {"event": "wait"}
         if k in (ActionKind.FINISHED, ActionKind.CALL_USER):
             return {"event": "finished"}
-        return {"event": "invalid", "error": a.error}
+        raise InvalidAction(a.error or f"{k.value} is not an action")
+
+    def _point(
+        self, p: tuple[float, float] | None, kind: ActionKind, what: str = "a point"
+    ) -> tuple[float, float]:
+        """`p`; the pointer moves there (kept on the screen, as a real one is); InvalidAction
+        without one."""
+        if p is None:
+            raise InvalidAction(f"{kind.value} needs {what}")
+        w, h = self.config.screen_width, self.config.screen_height
+        self._pointer = (min(max(p[0], 0.0), w - 1.0), min(max(p[1], 0.0), h - 1.0))
+        return p
 
     def _observe(self, redraw: bool) -> Observation:
         if redraw or self._frame is None:

@@ -116,20 +116,32 @@ def _click_widget(s: Scene, w: Widget, x: float, y: float) -> Info:
 
 
 def type_text(s: Scene, text: str) -> Info:
-    """Type into the focused field; a newline presses Enter (UI-TARS's `type` convention)."""
+    """Type into the focused field, each newline pressed as Enter (UI-TARS's `type`
+    convention: `'ab\\ncd'` types ab, Enter, cd); an Enter that commits ends the typing, as
+    it ends the episode."""
+    if not text:
+        return _type_line(s, text)
+    info: Info = {"event": "typed_nowhere"}
+    for i, line in enumerate(text.split("\n")):
+        if i:
+            info = key(s, "enter")
+            if s.committed is not None:
+                return info
+        if line:
+            info = _type_line(s, line)
+    return info
+
+
+def _type_line(s: Scene, line: str) -> Info:
     if s.focus is None or s.dialog_of is not None:
-        return {"event": "typed_nowhere"} if "\n" not in text else key(s, "enter")
+        return {"event": "typed_nowhere"}
     w = s.widgets[s.focus]
-    line, newline, _ = text.partition("\n")
     if s.select_all:
         w.text = ""
         s.select_all = False
     w.text = (w.text + line)[:MAX_TEXT]
     _refilter(s, w.id)
-    info: Info = {"event": "typed", "target": w.id, "value": w.text}
-    if newline:
-        info = key(s, "enter")
-    return info
+    return {"event": "typed", "target": w.id, "value": w.text}
 
 
 def _refilter(s: Scene, field_id: str) -> None:
