@@ -58,12 +58,12 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from dart_ray.audit import audit
 from ray import serve
 from rich.console import Console
 from rich.table import Table
 
 from dart_ray import driver
-from dart_ray.audit import audit
 from dart_ray.config import Config, load_config
 from dart_ray.engines.timing import decode_step_s, prefill_s
 from dart_ray.store import open_store

@@ -128,12 +128,12 @@ async def _hammer(url: str, clients: int, seconds: float) -> dict[str, Any]:
 
 def bench_policy(args: argparse.Namespace) -> dict[str, Any]:
     import ray
+    from dart_ray.weights import pack
     from ray import serve
 
     from dart_ray.config import PolicyConfig
     from dart_ray.models.loading import load_model
     from dart_ray.testing.raycluster import free_port
-    from dart_ray.weights import pack
     from serve_apps.policy import run_policy
 
     port = free_port()

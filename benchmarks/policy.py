@@ -43,12 +43,13 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from dart_ray.prompts import Turn, build_messages  # noqa: E402
+from dart_ray.weights import load_into, pack, unpack, warm_object_store  # noqa: E402
+
 from dart_ray.config import PolicyConfig  # noqa: E402
 from dart_ray.engines.base import GenerateRequest, SamplingParams  # noqa: E402
 from dart_ray.models.loading import load_model  # noqa: E402
 from dart_ray.models.tiny import TinySpec, save_tiny_model  # noqa: E402
-from dart_ray.prompts import Turn, build_messages  # noqa: E402
-from dart_ray.weights import load_into, pack, unpack, warm_object_store  # noqa: E402
 from serve_apps.policy import build_app  # noqa: E402
 
 SIZES = {

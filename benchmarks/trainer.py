@@ -49,11 +49,13 @@ from typing import Any
 
 import ray
 import torch
+from dart_ray.actions import parse_response
+from dart_ray.prompts import Turn, build_messages
+from dart_ray.weights import pack, warm_object_store
 from ray import serve
 from rich.console import Console
 from rich.table import Table
 
-from dart_ray.actions import parse_response
 from dart_ray.config import Config, PolicyConfig, load_config
 from dart_ray.data.batches import batch_tokens, to_record_batch
 from dart_ray.data.curation import StepSample, split_steps
@@ -63,12 +65,10 @@ from dart_ray.envs.minidesk.env import MiniDeskEnv
 from dart_ray.envs.minidesk.generate import load_tasks
 from dart_ray.models.loading import PolicyProcessor, load_model
 from dart_ray.models.tiny import TinySpec, num_parameters, save_tiny_model
-from dart_ray.prompts import Turn, build_messages
 from dart_ray.records import Status, Step, Trajectory
 from dart_ray.train.forward import collate
 from dart_ray.train.fsdp import full_state_dict
 from dart_ray.train.learner import Learner, loss_settings, split_micro
-from dart_ray.weights import pack, warm_object_store
 from serve_apps.policy import build_app
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -24,8 +24,8 @@ from rich.console import Console
 from rich.table import Table
 
 from dart_ray.config import Config, ConfigError, field_docs, load_config, reference_markdown
+from dart_ray.config.masking import install_log_masking
 from dart_ray.envs.base import EnvInputError
-from dart_ray.masking import install_log_masking
 from dart_ray.store import StoreError, open_store
 from dart_ray.store.db import RowState
 from dart_ray.store.runs import get_run, latest_run
@@ -140,7 +140,7 @@ def cmd_status(args: argparse.Namespace, out: Console) -> int:
 
 
 def cmd_audit(args: argparse.Namespace, out: Console) -> int:
-    from dart_ray.audit import audit, render
+    from dart_ray.store.audit import audit, render
 
     cfg = _load(args)
     store = open_store(cfg)
@@ -163,9 +163,7 @@ def cmd_report(args: argparse.Namespace, out: Console) -> int:
     """Redraw a run's figure and print its learning table from the log (and report.json)."""
     import dataclasses
 
-    from dart_ray.plots import wilson
-    from dart_ray.report import RunReport, heldout_line
-    from dart_ray.report_figures import (
+    from dart_ray.reporting.figures import (
         band_width,
         draw_curve,
         draw_system_figure,
@@ -173,6 +171,8 @@ def cmd_report(args: argparse.Namespace, out: Console) -> int:
         heldout_points,
         sampled_points,
     )
+    from dart_ray.reporting.plots import wilson
+    from dart_ray.reporting.report import RunReport, heldout_line
 
     cfg = _load(args)
     store = open_store(cfg)
@@ -351,9 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(rep)
     rep.set_defaults(fn=cmd_report)
 
-    from dart_ray.actions import MAX_PIXELS, MIN_PIXELS
-    from dart_ray.cli_train import add_parser as add_train
-    from dart_ray.cli_train import add_sft_eval
+    from dart_ray.run.command import add_parser as add_train
+    from dart_ray.run.command import add_sft_eval
+    from dart_ray.uitars.actions import MAX_PIXELS, MIN_PIXELS
 
     add_train(sub, _add_config_args, _load)
     add_sft_eval(sub, _add_config_args, _load)

@@ -147,7 +147,7 @@ def test_model_init_writes_a_loadable_model(tmp_path, capsys) -> None:  # type: 
 def test_a_part_rejecting_the_config_inside_ray_is_one_line(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
     """A session that cannot be built (here: a desktop too small) fails inside a Ray actor;
     the command says why in one line, exit 2, no traceback."""
-    import dart_ray.cli_train as cli_train
+    import dart_ray.run.command as cli_train
     from dart_ray.cli import main
     from dart_ray.envs.base import EnvInputError
 

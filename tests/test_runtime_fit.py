@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from dart_ray import runtime
 from dart_ray.config import ConfigError, load_config
+from dart_ray.run import runtime
 
 
 def _config(*overrides: str):  # type: ignore[no-untyped-def]
@@ -42,7 +42,7 @@ def test_too_many_sessions_for_a_local_ray_is_a_config_error(monkeypatch) -> Non
 
 def test_on_a_cluster_it_waits_for_the_autoscaler(monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setattr(runtime.ray, "cluster_resources", lambda: {"CPU": 2.0})
-    with caplog.at_level(logging.WARNING, logger="dart_ray.runtime"):
+    with caplog.at_level(logging.WARNING, logger="dart_ray.run.runtime"):
         runtime.check_fits(_config("cluster.address=auto"))
     assert "waiting for the autoscaler" in caplog.text
 
@@ -55,7 +55,7 @@ def test_a_cluster_without_the_env_resource_is_named_at_once_and_fails_after_the
     cfg = _config("cluster.address=auto", "cluster.resource_wait_s=6")
     slept: list[float] = []
     with (
-        caplog.at_level(logging.WARNING, logger="dart_ray.runtime"),
+        caplog.at_level(logging.WARNING, logger="dart_ray.run.runtime"),
         pytest.raises(ConfigError, match=r"resource 'env'.*--resources=.*env.resource=\"\"") as e,
     ):
         runtime.wait_for_env_resource(cfg, lambda: {"CPU": 8.0}, slept.append)

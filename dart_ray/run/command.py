@@ -11,14 +11,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from dart_ray.config import Config
+from dart_ray.envs.suites import load_suite
 
 
 def run_train(config: Config, out: Console) -> int:
-    from dart_ray import driver, runtime
-    from dart_ray.report import render
+    from dart_ray.reporting.report import render
+    from dart_ray.run import driver, runtime
 
     # bad task files fail here, in one line, before Ray starts or the log is touched
-    runtime.load_suite(config, "train")
+    load_suite(config, "train")
 
     progress = Progress(
         TextColumn("{task.description:<14}"),
@@ -88,8 +89,7 @@ def add_sft_eval(sub: argparse._SubParsersAction, add_config_args, load) -> None
         import tempfile
 
         from dart_ray.models.tiny import save_tiny_model
-        from dart_ray.runtime import load_suite
-        from dart_ray.sft import sft
+        from dart_ray.warmstart.sft import sft
 
         cfg = load(args)
         base = args.base
@@ -127,7 +127,7 @@ def add_sft_eval(sub: argparse._SubParsersAction, add_config_args, load) -> None
     def eval_fn(args: argparse.Namespace, out: Console) -> int:
         import json
 
-        from dart_ray.evaluation import run_eval
+        from dart_ray.evaluation.local import run_eval
 
         cfg = load(args)
         res = run_eval(cfg, args.checkpoint, args.suite, args.tasks, args.samples)
