@@ -400,3 +400,32 @@ def test_doc_command_is_checked(where: str, cmd: str) -> None:
     check = _how(cmd).check
     assert check is not None
     check(cmd)
+
+
+def test_the_data_flow_picture_is_current_and_names_real_modules() -> None:
+    """docs/CONCEPTS.md opens with docs/img/dataflow.svg, which scripts/draw_dataflow.py
+    draws: the checked-in SVG shows exactly the script's texts (titles, labels, modules;
+    the shapes may differ by matplotlib version), and every module it names exists."""
+    import importlib.util
+    import xml.etree.ElementTree as ET
+
+    spec = importlib.util.spec_from_file_location("draw", REPO / "scripts" / "draw_dataflow.py")
+    assert spec is not None and spec.loader is not None
+    draw = importlib.util.module_from_spec(spec)
+    import sys
+
+    sys.modules["draw"] = draw  # dataclasses look their module up
+    spec.loader.exec_module(draw)
+    svg = ET.parse(REPO / "docs" / "img" / "dataflow.svg")
+    shown = {
+        "".join(t.itertext()) for t in svg.iter() if t.tag.endswith("}text") or t.tag == "text"
+    }
+    # matplotlib writes each line of a text as an element of its own
+    assert shown == {line for t in draw.texts() for line in t.split("\n")}, (
+        "regenerate: .venv/bin/python scripts/draw_dataflow.py"
+    )
+    missing = [m for m in draw.modules() if not (REPO / m).exists()]
+    assert missing == []
+    assert (REPO / "docs" / "CONCEPTS.md").read_text().splitlines()[2].startswith(
+        "![The data flow"
+    )

@@ -23,6 +23,19 @@ def eval_point(summary: dict[str, Any]) -> Point:
     return Point(int(m.group(1)) if m else 0, round(float(summary["success"]) * n), n)
 
 
+def eval_refusal(summary: dict[str, Any], run_id: str, own: set[Path]) -> str | None:
+    """Why a `dart-ray eval --json` summary cannot be a held-out point of run `run_id`
+    (None if it can): its checkpoint must be one of the run's (`own`: its checkpoint folders
+    and the weights it started from), and it must be greedy (the curve's held-out points are)."""
+    ckpt = Path(str(summary.get("checkpoint", ""))).resolve()
+    if ckpt not in own:
+        return f"it evaluates {ckpt}, which is not a checkpoint of run {run_id}"
+    sampling = summary.get("sampling", "greedy")
+    if sampling != "greedy":
+        return f"it is a {sampling} evaluation; the curve's held-out points are greedy"
+    return None
+
+
 def heldout_points(report: RunReport, extra: Sequence[Point] = ()) -> list[Point]:
     """Held-out success at the start version and at the final one, plus `extra` points
     (evaluations of intermediate checkpoints), in version order."""

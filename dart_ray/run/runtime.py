@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import socket
 import time
 from collections.abc import Callable
@@ -287,6 +288,7 @@ def start(config: Config) -> Parts:
         log.warning("timing mode: a SIMULATED run (compute replaced by calibrated latencies)")
     run_id = new_run_id(config)
     run_dir = (config.run.root_dir / run_id).resolve()
+    created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     store = open_store(config, init=True)
     register_run(store.engine, run_id, config.run.name, config.model_dump(mode="json"))
@@ -308,6 +310,8 @@ def start(config: Config) -> Parts:
         wait_for_env_resource(config)
     except ConfigError:
         finish_run(store.engine, run_id, "FAILED")
+        if created:  # the log keeps the FAILED run; no empty folder is left to explain
+            shutil.rmtree(run_dir, ignore_errors=True)
         raise
     ns = config.cluster.namespace
     app = f"policy-{run_id}"
