@@ -247,7 +247,9 @@ def test_status_fits_a_screen_and_survives_a_pipe(
     assert "minidesk/menu-command/t1/299" in out  # best: 2 of 2 (299 % 3 = 2), id whole
     assert main(["status", "--run", "run-b", "--tasks", *overrides]) == 0
     out = capsys.readouterr().out
-    assert sum(line.startswith("  minidesk/") and "/t1/" in line for line in out.splitlines()) == 300
+    assert (
+        sum(line.startswith("  minidesk/") and "/t1/" in line for line in out.splitlines()) == 300
+    )
 
 
 def test_report_refuses_an_evaluation_that_is_not_this_runs_greedy_point(

@@ -426,6 +426,4 @@ def test_the_data_flow_picture_is_current_and_names_real_modules() -> None:
     )
     missing = [m for m in draw.modules() if not (REPO / m).exists()]
     assert missing == []
-    assert (REPO / "docs" / "CONCEPTS.md").read_text().splitlines()[2].startswith(
-        "![The data flow"
-    )
+    assert (REPO / "docs" / "CONCEPTS.md").read_text().splitlines()[2].startswith("![The data flow")
