@@ -240,7 +240,10 @@ class Curator:
             return await asyncio.to_thread(self.core.ack, ts.step_id)
 
     async def set_version(self, version: int) -> None:
-        self.core.set_version(version)
+        """The trainer's newest version; the core also reads the registry (database I/O:
+        in a worker thread, between polls)."""
+        async with self._lock:
+            await asyncio.to_thread(self.core.set_version, version)
 
     async def metrics(self) -> dict[str, object]:
         """The core's counters, read between polls: a poll updates them when it ends, so a

@@ -211,20 +211,20 @@ def test_a_crash_between_checkpoint_and_acks_trains_nothing_twice(
     assert {a.reason for a in acks} == {"v1"}
 
 
-def test_a_row_trained_beyond_the_bound_or_from_discarded_weights_is_a_breach(
+def test_a_row_trained_beyond_the_bound_is_a_breach_discarded_ones_by_distance(
     engine: Engine, tmp_path: Path
 ) -> None:
-    """The run's bound is 3 (its config snapshot); a resume discarded v3's weights. Durable
-    v6's lineage says which weights trained each row (v6): a version-5 row (lag 1) is fine; a
-    version-0 row (lag 6) is beyond the bound; the version-3 row (lag 3, within the bound) is
-    from weights that no longer exist."""
+    """The run's bound is 3 (its config snapshot); a resume from v2 discarded v3's weights
+    and v4 carried v2's on. Durable v6's lineage says v6 trained each row: a version-5 row is
+    1 behind; a version-0 row 6 (beyond the bound); the version-3 row, tagged 3 behind, is
+    (3 - 2) + (6 - 4) = 3 behind through the version tree (within it)."""
     import json
 
     from dart_ray.store.runs import register_run
 
     store = _Store(engine, tmp_path)
     register_run(engine, RUN, "t", {"curation": {"max_staleness": 3}})
-    for tid, v in (("fresh", 5), ("old", 0), ("lost", 3)):
+    for tid, v in (("fresh", 5), ("old", 0), ("branch", 3)):
         t = make_trajectory(tid, version=v)
         store.log.append(t, store.blobs.write(t))
     claim = store.log.claim(RUN, 10, consumer="c", lease_s=60)
@@ -244,7 +244,4 @@ def test_a_row_trained_beyond_the_bound_or_from_discarded_weights_is_a_breach(
     store.log.ack(claim, in_version=6)
     r = audit(engine, RUN)
     assert r.max_staleness == 3 and r.trained_lags == {1: 1, 3: 1, 6: 1}
-    assert r.breaches == [
-        f"rows trained beyond the staleness bound (3): {ids['old']} (1)",
-        f"rows of discarded versions (weights lost) trained: {ids['lost']} (1)",
-    ]
+    assert r.breaches == [f"rows trained beyond the staleness bound (3): {ids['old']} (1)"]

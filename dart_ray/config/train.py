@@ -77,8 +77,11 @@ class TrainConfig(Section):
     ppo_epochs: int = Field(default=1, ge=1)
     """Passes over each curated batch. With ppo_epochs x minibatches > 1 the batch takes
     several optimizer steps, and the clip (ratio to the proximal policy) bounds how far."""
-    minibatches: int = Field(default=1, ge=1)
-    """Optimizer steps per pass: the batch is split into this many parts."""
+    minibatches: int = Field(default=2, ge=1)
+    """Optimizer steps per pass: the batch is split into this many parts. 2 by default, so the
+    trust region acts: with one step per batch the ratio to the proximal policy is 1 at the
+    only gradient and the clip never binds. Measured on the default run, same seed: 1 ->
+    +26.5 points held out, 2 -> +37.5 (docs/LEARNING.md)."""
     sync_every: int = Field(default=1, ge=1)
     """Optimizer steps between weight publications."""
     save_every: int = Field(default=5, ge=1)

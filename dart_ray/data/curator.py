@@ -40,9 +40,6 @@ from dart_ray.store.log_rows import LogRow
 
 log = logging.getLogger(__name__)
 
-DISCARDED_WEIGHTS = "discarded_weights"
-"""Drop reason of a row whose version's weights are gone (`CheckpointRegistry.discard_above`)."""
-
 
 @dataclass(frozen=True)
 class CuratorSettings:
@@ -125,8 +122,8 @@ class CuratorCore:
         self.s = settings
         self.groups = self._group_buffer()
         self.version = 0
-        self.discarded: frozenset[int] = frozenset()
-        """Versions whose weights are gone (a trainer resumed below them): their rows drop."""
+        self.lineage = Lineage(0, frozenset())
+        """The run's versions as the registry knows them (discarded ones judged by distance)."""
         self._lineage = lineage
         self.queue: deque[TrainStep] = deque()
         self.in_flight: dict[int, TrainStep] = {}
@@ -150,9 +147,8 @@ class CuratorCore:
     def _read_lineage(self) -> None:
         if self._lineage is None:
             return
-        lin = self._lineage()
-        self.version = max(self.version, lin.newest)
-        self.discarded = lin.discarded
+        self.lineage = self._lineage()
+        self.version = max(self.version, self.lineage.newest)
 
     def poll(self, now: float | None = None) -> int:
         """One round of claiming and curating; returns how many rows were claimed."""
@@ -171,7 +167,7 @@ class CuratorCore:
         return claimed
 
     def _claim(self, now: float) -> int:
-        min_version = self.version - self.s.max_staleness
+        min_version = self._log_floor()
         stale = self.log.drop_stale(self.s.run_id, min_version)
         if stale:
             self.metrics.dropped["stale"] += stale
@@ -188,10 +184,7 @@ class CuratorCore:
         for row in claim.rows:
             self._claims[row.id] = claim
             self._versions[row.id] = row.version_num
-            if row.version_num in self.discarded:
-                self._settle_drop(row.id, DISCARDED_WEIGHTS)
-                continue
-            self.metrics.staleness[self.version - row.version_num] += 1
+            self.metrics.staleness[self.version - self.lineage.effective(row.version_num)] += 1
             try:
                 self._trajectories[row.id] = self.blobs.read(row.uri)
             except (FileNotFoundError, ValueError, OSError) as e:
@@ -348,13 +341,17 @@ class CuratorCore:
         """The oldest version a row may come from to reach a gradient now."""
         return self.version - self.s.max_staleness
 
+    def _log_floor(self) -> int:
+        """The lowest version tag that may still train, for the log's own filter (a SQL
+        bound on tags): the bound, or lower where a discarded tag below it is near enough
+        through the version tree. Rows it lets through are judged exactly once held."""
+        near = [v for v in self.lineage.discarded if not self._unfit(v)]
+        return min([self.min_version, *near])
+
     def _unfit(self, version: int) -> str | None:
-        """Why a sample of `version` may not reach a gradient now, or None."""
-        if version in self.discarded:
-            return DISCARDED_WEIGHTS
-        if version < self.min_version:
-            return "stale"
-        return None
+        """Why a sample of `version` may not reach a gradient now, or None: older than the
+        bound, a discarded version by its distance through the version tree."""
+        return "stale" if self.lineage.effective(version) < self.min_version else None
 
     def _keep_group(self, out: GroupOutcome) -> bool:
         """Whether a curated group may still train. Its own rows are judged as a whole (a

@@ -16,8 +16,9 @@ Read-only. Every check is a query over the run's rows in `episode_start`, `rollo
   repeat;
 - no trained row was beyond the staleness bound: each lineage records the version of the
   weights that trained each row, and that version minus the row's must be at most the run's
-  `curation.max_staleness` (`trained_lags` counts rows by that lag); no row of a DISCARDED
-  version (weights lost to a resume) was trained.
+  `curation.max_staleness` (`trained_lags` counts rows by that lag); a row of a DISCARDED
+  version (weights lost to a resume) counts by its distance through the version tree
+  (`Lineage.effective`), not its tag.
 
 Rows still CLAIMED are reported, not counted as breaches: their lease returns them to the pool.
 """
@@ -34,6 +35,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from dart_ray.records import Status
+from dart_ray.store.checkpoints import Lineage
 from dart_ray.store.db import (
     RowState,
     checkpoint,
@@ -166,8 +168,11 @@ def audit(engine: Engine, run_id: str, *, live: bool = False) -> AuditReport:
     r.breaches += _lineage_breaches(list(completed.values()), state)
     if snap:
         r.max_staleness = json.loads(snap).get("curation", {}).get("max_staleness")
-    discarded = {x.version_num for x in cps if x.status == "DISCARDED"}
-    r.breaches += _staleness_breaches(r, list(completed.values()), rows, discarded)
+    lineage = Lineage(
+        max((x.version_num for x in cps), default=0),
+        frozenset(x.version_num for x in cps if x.status == "DISCARDED"),
+    )
+    r.breaches += _staleness_breaches(r, list(completed.values()), rows, lineage)
     published = [x.version_num for x in cps if x.status != "FAILED"]
     if any(b <= a for a, b in pairwise(published)):
         r.breaches.append(f"checkpoint versions did not only go up: {published}")
@@ -208,14 +213,13 @@ def _staleness_breaches(
     r: AuditReport,
     completed: list[sa.Row],  # type: ignore[type-arg]
     rows: list[sa.Row],  # type: ignore[type-arg]
-    discarded: set[int],
+    lineage: Lineage,
 ) -> list[str]:
-    """Trained rows beyond the bound, or from discarded weights, from the lineages'
-    `trained_at` (the version of the weights that trained each row)."""
+    """Trained rows beyond the bound, from the lineages' `trained_at` (the version of the
+    weights that trained each row) and each row's version (by distance, if discarded)."""
     version = {x.id: x.version_num for x in rows}
     lags: Counter[int] = Counter()
     beyond: list[int] = []
-    lost: list[int] = []
     for ck in completed:
         f = Path(ck.path, "trainer_state.json") if ck.path else None
         if f is None or not f.is_file():
@@ -224,21 +228,14 @@ def _staleness_breaches(
             for rid in rids:
                 if rid not in version:
                     continue
-                lag = int(v) - version[rid]
+                lag = int(v) - lineage.effective(version[rid])
                 lags[lag] += 1
                 if r.max_staleness is not None and lag > r.max_staleness:
                     beyond.append(rid)
-                if version[rid] in discarded:
-                    lost.append(rid)
     r.trained_lags = dict(sorted(lags.items()))
-    out = []
-    if beyond:
-        out.append(
-            f"rows trained beyond the staleness bound ({r.max_staleness}): {_ids(sorted(beyond))}"
-        )
-    if lost:
-        out.append(f"rows of discarded versions (weights lost) trained: {_ids(sorted(lost))}")
-    return out
+    if not beyond:
+        return []
+    return [f"rows trained beyond the staleness bound ({r.max_staleness}): {_ids(sorted(beyond))}"]
 
 
 def render(r: AuditReport) -> str:

@@ -6,9 +6,10 @@
     any of PENDING, RUNNING, COMPLETED, FAILED -> DISCARDED
 
 DISCARDED marks a version whose weights are gone: a trainer resumed from the durable
-checkpoint below it (`discard_above`). Samples that version generated came from weights
-outside the run's lineage; `lineage()` is what every component reads to judge a sample's
-version (the newest version published, and the discarded ones).
+checkpoint below it (`discard_above`). Samples that version generated came from weights off
+the run's lineage; `lineage()` is what every component reads to judge a sample's version (the
+newest version published, and the discarded ones, judged by their distance through the
+version tree: `Lineage.effective`).
 
 DART-GUI's release created rows and never moved them; here every move is a compare-and-set on
 the current status, so two writers cannot both complete a checkpoint and an illegal move
@@ -53,8 +54,27 @@ class Lineage:
     """The highest version ever registered (published or being published): versions only go
     up, so staleness is measured against at least this."""
     discarded: frozenset[int]
-    """Versions whose weights are gone (a trainer resumed from an older durable checkpoint);
-    their samples are from outside the lineage and train nothing."""
+    """Versions whose weights are gone (a trainer resumed from an older durable checkpoint):
+    their tags no longer say how far their samples are from the weights being trained."""
+
+    def effective(self, version: int) -> int:
+        """The version a sample of `version` is as far from as the lineage goes: itself, or
+        for a discarded version its distance through the version tree. A block of discarded
+        versions D+1..M branched off the durable vD; the resumed trainer published vD's
+        weights as v(M+1) and trains on from there. A sample of discarded v is v - D updates
+        away from vD on the dead branch, and vD is (c - M - 1) updates behind the current vc,
+        so it is (v - D) + (c - M - 1) behind: the distance of a sample of version
+        M + 1 - (v - D). Staleness (and the audit) judge it by that: within the bound right
+        after a resume, stale as the run moves on, never 'fresh' because its tag is high."""
+        if version not in self.discarded:
+            return version
+        below = version - 1
+        while below in self.discarded:
+            below -= 1
+        above = version + 1
+        while above in self.discarded:
+            above += 1
+        return above - (version - below)  # M + 1 - (v - D), with D = below, M + 1 = above
 
 
 class CheckpointStateError(RuntimeError):

@@ -322,43 +322,47 @@ def test_a_new_curator_judges_staleness_against_the_registry_at_once(
     assert drops == Counter({"stale": 4})
 
 
-def test_rows_of_discarded_versions_never_train(
+def test_samples_of_discarded_versions_are_judged_by_their_distance_through_the_version_tree(
     log: DurableLog, engine: Engine, tmp_path: Path
 ) -> None:
-    """Versions 1-4 were published; the trainer died and resumed from the durable v2, so the
-    weights of v3 and v4 are gone (`discard_above`). Rows they generated, whether queued
-    before the resume or logged after it by replicas still serving v4, are dropped as
-    `discarded_weights`, although they are within the staleness bound of the new v5. Rows
-    of v2 (the resumed weights' own) and v5 train. Before, v3/v4 rows passed as fresh."""
+    """Versions 1-4 were published; the trainer died and resumed from the durable v2, so
+    v3's and v4's weights are gone (`discard_above`) and it published v2's weights as v5.
+    A sample of v4 is 2 updates from v2 on the dead branch: at v5 it is 2 behind, at v7 4
+    behind, whatever its tag says (bound 3). Before, its tag made it 1 and 3 behind: it
+    passed as fresh. Samples queued before the resume, or logged after it by replicas still
+    serving v4, are judged the same way."""
     blobs = BlobStore(tmp_path / "blobs")
     reg = CheckpointRegistry(engine)
     _publish(reg, 1, 2, 3, 4)
     core = CuratorCore(
         log,
         blobs,
-        settings(groups_per_step=1, max_staleness=3, queue_depth=4),
+        settings(groups_per_step=1, max_staleness=3, queue_depth=8),
         lineage=lambda: reg.lineage("run-a"),
     )
-    write_group(log, blobs, "queued", 0, [1.0, 0.0, 0.0, 0.0], version=3)
+    write_group(log, blobs, "queued", 0, [1.0, 0.0, 0.0, 0.0], version=4)
     core.poll()
     assert core.metrics.queue_depth == 1
     assert reg.discard_above("run-a", 2, "resumed from v2") == [3, 4]
     _publish(reg, 5)  # the resumed trainer publishes its weights (v2's) as v5
     core.set_version(5)
-    write_group(log, blobs, "late", 0, [1.0, 0.0, 0.0, 0.0], version=4)
-    write_group(log, blobs, "ancestor", 0, [1.0, 0.0, 0.0, 0.0], version=2)
-    write_group(log, blobs, "fresh", 0, [1.0, 0.0, 0.0, 0.0], version=5)
+    # at v5 (bound: >= 2): v4 is as far as a v3 sample (2 behind), v3 as a v4 (1 behind)
+    assert [core.lineage.effective(v) for v in (2, 3, 4, 5)] == [2, 4, 3, 5]
+    for name, v in (("late", 3), ("ancestor", 2), ("fresh", 5)):
+        write_group(log, blobs, name, 0, [1.0, 0.0, 0.0, 0.0], version=v)
     core.poll()
-    steps = [core.take_step() for _ in range(3)]
-    trained = sorted(st.min_version for st in steps if st is not None)
-    assert trained == [2, 5]
+    steps = [core.take_step() for _ in range(5)]
+    assert sorted(st.min_version for st in steps if st is not None) == [2, 3, 4, 5]
+    # at v7 (bound: >= 4): a v4 sample is (4 - 2) + (7 - 5) = 4 behind: stale; v3's is 3
+    _publish(reg, 6, 7)
+    core.set_version(7)
+    write_group(log, blobs, "dead-branch", 1, [1.0, 0.0, 0.0, 0.0], version=4)
+    write_group(log, blobs, "near-branch", 1, [1.0, 0.0, 0.0, 0.0], version=3)
+    core.poll()
+    steps = [core.take_step() for _ in range(2)]
+    assert [st.min_version for st in steps if st is not None] == [3]
     _, drops, _ = settled(engine)
-    assert drops == Counter({"discarded_weights": 8})
-    assert [(c.version_num, c.status) for c in reg.list("run-a")][2:] == [
-        (3, "DISCARDED"),
-        (4, "DISCARDED"),
-        (5, "COMPLETED"),
-    ]
+    assert drops == Counter({"stale": 4})
 
 
 def test_a_replay_that_goes_stale_in_the_queue_leaves_only_itself(

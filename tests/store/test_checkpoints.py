@@ -76,3 +76,13 @@ def test_deprecate_and_soft_delete(engine: Engine) -> None:
     assert [c.version_num for c in reg.list("run-a")] == [1]
     with pytest.raises(CheckpointStateError):
         reg.deprecate(ids[1])  # a deleted checkpoint no longer moves
+
+
+def test_a_discarded_version_counts_by_its_distance_through_the_version_tree() -> None:
+    """Resumed from v2 with v3, v4 lost (v5 = v2's weights), later from v7 with v8 lost
+    (v9 = v7's). A v4 sample is 2 updates past v2, so as far from the lineage as a v3 one
+    (5 - 2); v3 as a v4 (5 - 1); v8 as a v8 (9 - 1). Kept versions are themselves."""
+    from dart_ray.store.checkpoints import Lineage
+
+    lin = Lineage(newest=10, discarded=frozenset({3, 4, 8}))
+    assert [lin.effective(v) for v in range(1, 11)] == [1, 2, 4, 3, 5, 6, 7, 8, 9, 10]

@@ -332,3 +332,28 @@ def test_the_gradient_does_not_depend_on_how_samples_fall_into_micro_batches(
         )
     assert grads[0].abs().sum() > 0
     assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
+
+
+def test_the_default_config_takes_two_updates_per_batch_so_the_clip_binds(
+    engine: HFEngine, tiny_model_dir: Path
+) -> None:
+    """The trust region is on by default: `make run`'s config splits each curated batch into
+    two optimizer steps, so the second is clipped against the proximal policy. Before, every
+    shipped config took one step per batch and the clip never bound (the loss was
+    -A * TIS * logp)."""
+    cfg = load_config(Path(__file__).parents[2] / "configs" / "default.toml")
+    settings = loss_settings(cfg)
+    assert settings.minibatches * settings.ppo_epochs == 2
+    batch = samples(engine, [1.0, -1.0, 1.0, -1.0])
+    proc = PolicyProcessor.from_dir(tiny_model_dir)
+    learner = Learner(
+        load_model(tiny_model_dir),
+        proc.image_processor,
+        image_pad_id=proc.image_pad_id,
+        pad_id=proc.pad_id,
+        settings=settings,
+        lr=3e-2,
+        suppressed_ids=proc.suppressed_ids(),
+    )
+    metrics = learner.step(batch)
+    assert metrics["updates"] == 2 and metrics["clip_frac_last"] > 0
