@@ -152,9 +152,10 @@ def local_ray(
     preallocate: bool = False,
     attempts: int = 3,
 ) -> Iterator[None]:
-    """A local Ray for the benchmark's measurements: 2 CPUs (the reference machine's), on
-    127.0.0.1, no dashboard, workers' logs kept out of the tables; with `serve`, Serve without
-    an HTTP proxy (handles only). Serve and Ray are shut down on the way out.
+    """A new local Ray for the benchmark's measurements, never one already running here or at
+    $RAY_ADDRESS (`address="local"`): 2 CPUs (the reference machine's), on 127.0.0.1, no
+    dashboard, workers' logs kept out of the tables; with `serve`, Serve without an HTTP proxy
+    (handles only). Serve and Ray are shut down on the way out.
 
     `preallocate` (the benchmarks' `--cold`) sets RAY_preallocate_plasma_memory: the store
     touches its pages once at start (measured: 2x faster puts than without), the path without
@@ -169,7 +170,7 @@ def local_ray(
         os.environ.setdefault("RAY_preallocate_plasma_memory", "1")
     for attempt in range(1, attempts + 1):
         try:
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+            ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
                      _node_ip_address="127.0.0.1", object_store_memory=object_store_bytes)  # fmt: skip
             break
         except Exception as e:  # ray.init raises a bare Exception when its node times out
