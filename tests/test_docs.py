@@ -190,7 +190,7 @@ def _cli_parses(cmd: str) -> None:
 HOW: dict[str, How] = {
     # run as written
     r"dart-ray config show( --docs)?( --config configs/[\w.-]+\.toml)?": How("run"),
-    r"(\.venv/bin/)?dart-ray status": How("run"),
+    r"(\.venv/bin/)?dart-ray status( --tasks)?": How("run"),
     r"(\.venv/bin/)?dart-ray report my-run( --out \S+)?": How("run"),
     r"dart-ray config show '[^']*' \| grep \w+": How("run"),
     r"dart-ray model init --out models/tiny\d?( --seed \d+)?( --min-pixels \d+)?( --max-pixels \d+)?"
@@ -367,7 +367,9 @@ def test_doc_command_runs(where: str, cmd: str, scratch: Path) -> None:
     p = _run(cmd, scratch)
     assert p.returncode == 0, f"{where}: {cmd}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     if cmd.endswith("dart-ray status"):
-        assert f"run {RUN_ID}" in p.stdout and "per-task success" in p.stdout
+        assert f"run {RUN_ID}" in p.stdout and "log: " in p.stdout
+    if cmd.endswith("status --tasks"):
+        assert "every task (" in p.stdout, p.stdout
     if "example-not-a-secret" in cmd:  # SECURITY.md: the password is masked
         assert "example-not-a-secret" not in p.stdout and "***" in p.stdout
 
