@@ -12,6 +12,10 @@ the threads of a threaded actor (one per session, plus a few for health and stat
 its session in the host, so the rollouter, the evaluator and the benchmarks cannot tell the
 difference. A host that dies takes its sessions' episodes with it (each ABORTED and retried,
 as for a dead session actor); Ray restarts it with all its sessions.
+
+`start_sessions` is where a run gets its sessions: one EnvSession actor each, or hosted here
+(`env.sessions_per_actor > 1`). This module sits above `actors.env_session`, which never
+imports it.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any
 
 import ray
 
-from actors.env_session import EnvSession, session_options
+from actors.env_session import EnvSession, session_options, start_session
 from dart_ray.config import EnvConfig
 
 METHODS = frozenset({"reset", "step", "evaluate", "health", "stats", "close", "processes"})
@@ -114,3 +118,17 @@ def actors_of(sessions: list[Any]) -> list[Any]:
     for s in sessions:
         out[s.host if isinstance(s, HostedSession) else s] = None
     return list(out)
+
+
+def session_names(config: EnvConfig, prefix: str = "env") -> list[str]:
+    """The names of the sessions `start_sessions(config, prefix)` starts."""
+    return [f"{prefix}-{i}" for i in range(config.num_sessions)]
+
+
+def start_sessions(config: EnvConfig, prefix: str = "env") -> list[Any]:
+    """`config.num_sessions` sessions named `<prefix>-0`, `<prefix>-1`, ...: an actor each, or
+    `env.sessions_per_actor` to an EnvHost actor (actors.env_host)."""
+    names = session_names(config, prefix)
+    if config.sessions_per_actor > 1:
+        return start_hosts(config, names, prefix)
+    return [start_session(config, name) for name in names]

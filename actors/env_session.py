@@ -311,19 +311,3 @@ def start_session(config: EnvConfig, name: str | None = None) -> Any:
     if name is not None:
         opts["name"] = name
     return ray.remote(EnvSession).options(**opts).remote(config, name or "env-session")
-
-
-def session_names(config: EnvConfig, prefix: str = "env") -> list[str]:
-    """The names of the sessions `start_sessions(config, prefix)` starts."""
-    return [f"{prefix}-{i}" for i in range(config.num_sessions)]
-
-
-def start_sessions(config: EnvConfig, prefix: str = "env") -> list[Any]:
-    """`config.num_sessions` sessions named `<prefix>-0`, `<prefix>-1`, ...: an actor each, or
-    `env.sessions_per_actor` to an EnvHost actor (actors.env_host)."""
-    names = session_names(config, prefix)
-    if config.sessions_per_actor > 1:
-        from actors.env_host import start_hosts
-
-        return start_hosts(config, names, prefix)
-    return [start_session(config, name) for name in names]

@@ -24,9 +24,7 @@ import argparse
 import gc
 import io
 import json
-import platform
 import statistics
-import sys
 import tempfile
 import time
 import tracemalloc
@@ -37,11 +35,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from harness import Bench, console, parser, table
 from PIL import Image, ImageDraw
-from rich.console import Console
-from rich.table import Table
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dart_ray.data.batches import pack, shard_by_tokens
 from dart_ray.data.curation import StepSample, split_steps
@@ -62,8 +57,6 @@ from dart_ray.records import (
     trajectory_to_table,
 )
 from dart_ray.store.blobs import BlobStore
-
-RESULTS = Path(__file__).parent / "results"
 
 # ----------------------------------------------------------------- the previous path (baseline)
 
@@ -286,9 +279,7 @@ def report(a: argparse.Namespace, m: dict[str, Any]) -> None:
         f"{a.trajectories} trajectories x {a.steps} steps, prompts ~{a.prompt} tokens, "
         f"responses ~{a.response}, history {a.history} (median of {a.repeats})"
     )
-    t = Table(title=title)
-    for col in ("phase", "to_pylist path (ms)", "columnar (ms)", "speed-up"):
-        t.add_column(col)
+    t = table(title, ("phase", "to_pylist path (ms)", "columnar (ms)", "speed-up"), "left")
     for r in m["results"]:
         speedup = r["baseline_ms"] / r["columnar_ms"]
         t.add_row(
@@ -301,11 +292,11 @@ def report(a: argparse.Namespace, m: dict[str, Any]) -> None:
         f"{new / 1e6:.1f}",
         f"{old / new:.1f}x less",
     )
-    Console().print(t)
+    console().print(t)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = parser(__doc__, "blobs_to_batch")
     ap.add_argument("--trajectories", type=int, default=64)
     ap.add_argument("--steps", type=int, default=3, help="steps per trajectory")
     ap.add_argument("--prompt", type=int, default=600, help="mean prompt tokens")
@@ -313,13 +304,11 @@ def main() -> None:
     ap.add_argument("--history", type=int, default=5, help="screenshots per prompt, at most")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=7)
-    a = ap.parse_args()
+    bench = Bench.start(ap)
     with tempfile.TemporaryDirectory(prefix="blobs-to-batch-") as d:
-        m = measure(a, Path(d))
-    report(a, m)
-    RESULTS.mkdir(exist_ok=True)
-    out = {"args": vars(a), "machine": platform.machine(), **m}
-    (RESULTS / "blobs_to_batch.json").write_text(json.dumps(out, indent=2) + "\n")
+        m = measure(bench.args, Path(d))
+    report(bench.args, m)
+    bench.write(m)
 
 
 if __name__ == "__main__":

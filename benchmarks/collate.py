@@ -12,30 +12,20 @@ benchmarks/results/collate.json.
 
 from __future__ import annotations
 
-import argparse
 import io
-import json
-import platform
 import statistics
-import sys
-import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import torch
+from harness import Bench, console, parser, table, timed
 from PIL import Image
-from rich.console import Console
-from rich.table import Table
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dart_ray.records import SAMPLE_SCHEMA
 from dart_ray.train.forward import collate
 
-RESULTS = Path(__file__).parent / "results"
 IMAGE_PAD = 7
 
 
@@ -99,23 +89,14 @@ def samples(n: int, prompt: int, response: int, with_images: bool) -> pa.RecordB
     return pa.RecordBatch.from_pydict(rows, schema=SAMPLE_SCHEMA)
 
 
-def timed(fn: Callable[[], object], repeats: int) -> list[float]:
-    fn()  # warm-up
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = parser(__doc__, "collate")
     ap.add_argument("--samples", type=int, default=1000)
     ap.add_argument("--prompt", type=int, default=600, help="mean prompt tokens")
     ap.add_argument("--response", type=int, default=40, help="mean response tokens")
     ap.add_argument("--repeats", type=int, default=5)
-    a = ap.parse_args()
+    bench = Bench.start(ap)
+    a = bench.args
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
         Qwen2VLImageProcessorPil,
     )
@@ -142,9 +123,8 @@ def main() -> None:
                 "speedup": statistics.median(base) / statistics.median(ours),
             }
         )
-    t = Table(title=f"collate, {a.samples} samples (median of {a.repeats})")
-    for col in ("workload", "to_pylist (s / 1000)", "Arrow -> numpy (s / 1000)", "speed-up"):
-        t.add_column(col)
+    t = table(f"collate, {a.samples} samples (median of {a.repeats})",
+              ("workload", "to_pylist (s / 1000)", "Arrow -> numpy (s / 1000)", "speed-up"), "left")  # fmt: skip
     for r in results:
         t.add_row(
             r["workload"],
@@ -152,10 +132,8 @@ def main() -> None:
             f"{r['arrow_s_per_1000']:.3f}",
             f"{r['speedup']:.1f}x",
         )
-    Console().print(t)
-    RESULTS.mkdir(exist_ok=True)
-    out = {"args": vars(a), "machine": platform.machine(), "results": results}
-    (RESULTS / "collate.json").write_text(json.dumps(out, indent=2) + "\n")
+    console().print(t)
+    bench.write({"results": results})
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ DART-GUI's claim is that decoupling rollout from training keeps slow GUI environ
 5.5x the environment utilisation, 1.6x the rollout GPU utilisation and 1.9x the training
 throughput of a synchronous pipeline (REFERENCE.md). On 2 CPU cores a real run measures the
 CPU, not the design (the tiny policy is the bottleneck and a train step costs seconds). So
-this benchmark runs `dart_ray.driver.train` in the timing mode (`[timing]`,
+this benchmark runs `dart_ray.run.driver.train` in the timing mode (`[timing]`,
 configs/timing-osworld-7b.toml): every part runs for real (Ray actors, the Serve deployment,
 the durable log, the curator, Ray Train, the object-store weight sync, the driver) and only
 compute is replaced by calibrated latencies: OSWorld-shaped environment resets and steps,
@@ -45,34 +45,25 @@ to benchmarks/results/decoupling.json.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
-import shlex
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import ray
-from ray import serve
-from rich.console import Console
-from rich.table import Table
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when a test imports this file
 
-from dart_ray import driver
-from dart_ray.audit import audit
+from harness import Bench, console, parser, stop_ray, table
+from timing_run import Probe, add_run_args, before_stop, run_root, ticker, watchdog
+
 from dart_ray.config import Config, load_config
 from dart_ray.engines.timing import decode_step_s, prefill_s
+from dart_ray.run import driver
 from dart_ray.store import open_store
+from dart_ray.store.audit import audit
 from dart_ray.train.timing import train_step_s
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing_run import Probe, probing, ticker, watchdog
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
 DART_GUI = {
     "env_utilisation_ratio": 5.5,
     "rollout_utilisation_ratio": 1.6,
@@ -83,8 +74,6 @@ TARGETS = {
     "rollout_utilisation_ratio": 1.6,
     "samples_per_hour_ratio": 2.8,
 }
-console = Console(width=None if sys.stdout.isatty() else 160)
-
 
 MODES = {
     "decoupled": ["run.mode=decoupled"],
@@ -129,15 +118,14 @@ def steady_samples_per_s(steps: list[tuple[float, float]]) -> float | None:
 def run_mode(args: argparse.Namespace, mode: str, index: int, root: Path) -> dict[str, Any]:
     cfg = make_config(args, mode, index, root)
     probe = Probe()
-    console.rule(f"{mode}: {args.minutes} min budget (SIMULATED, timing.scale {args.scale})")
+    console().rule(f"{mode}: {args.minutes} min budget (SIMULATED, timing.scale {args.scale})")
     t0 = time.monotonic()
     try:
-        with probing(probe), watchdog(cfg, args.grace) as fired:
+        with before_stop(probe.read), watchdog(cfg, args.grace) as fired:
             report = driver.train(cfg, on_tick=ticker(probe, t0))
     finally:
         if not args.same_ray:
-            serve.shutdown()
-            ray.shutdown()  # the next mode starts on a fresh local Ray
+            stop_ray()  # the next mode starts on a fresh local Ray
     store = open_store(cfg)
     try:
         checked = audit(store.engine, report.run_id)
@@ -242,10 +230,9 @@ def render(results: dict[str, Any]) -> None:
     shown = [m for m in MODES if m in runs]
     rt = results.get("ratios", {})
     a = results["args"]
-    t = Table(title=f"SIMULATED: {' vs '.join(shown)} in DART-GUI's regime, {a['minutes']} min "
-                    f"each at timing.scale {a['scale']}, {a['sessions']} sessions")  # fmt: skip
-    for c in ("metric", *shown, "decoupled / sync", "DART-GUI", "target"):
-        t.add_column(c, justify="left" if c == "metric" else "right")
+    t = table(f"SIMULATED: {' vs '.join(shown)} in DART-GUI's regime, {a['minutes']} min each "
+              f"at timing.scale {a['scale']}, {a['sessions']} sessions",
+              ("metric", *shown, "decoupled / sync", "DART-GUI", "target"), left={"metric"})  # fmt: skip
 
     def pct(v: float) -> str:
         return f"{v:.1%}"
@@ -292,33 +279,27 @@ def render(results: dict[str, Any]) -> None:
             ref(rk, DART_GUI),
             f">= {TARGETS[rk]:g}x" if rk in TARGETS else "",
         )
-    console.print(t)
+    console().print(t)
     for k, v in results.get("verdict", {}).items():
-        console.print(
+        console().print(
             f"  {k}" if k.startswith("no verdict") else f"  {k}: {'met' if v else 'NOT met'}"
         )
     for k, v in results.get("partial_vs_decoupled", {}).items():
         ratio = "-" if v["ratio"] is None else f"{v['ratio']:.2f}x"
-        console.print(f"  partial / decoupled {k}: {ratio}")
+        console().print(f"  partial / decoupled {k}: {ratio}")
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None) -> Bench:
+    p = parser(__doc__, "decoupling")
     p.add_argument("--minutes", type=float, default=6.0, help="wall budget of each mode")
-    p.add_argument("--scale", type=float, default=0.1, help="timing.scale")
     p.add_argument("--sessions", type=int, default=64, help="env sessions (and in flight)")
     p.add_argument("--modes", default="decoupled,sync",
                    help=f"comma-separated, of {', '.join(MODES)} (partial: partial rollouts)")  # fmt: skip
-    p.add_argument("--config", type=Path, default=REPO_ROOT / "configs/timing-osworld-7b.toml")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra config override, applied to both modes")  # fmt: skip
     p.add_argument("--grace", type=float, default=180.0, help="watchdog: seconds past budget")
-    p.add_argument("--port", type=int, default=8240, help="policy HTTP port of the first mode")
-    p.add_argument("--root", type=Path, default=None, help="run folders (default: a temp dir)")
-    p.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks/results/decoupling.json")
     p.add_argument("--same-ray", action="store_true",
                    help="run every mode on the Ray already running (tests), not a fresh one each")  # fmt: skip
-    return p.parse_args(argv)
+    add_run_args(p, scale=0.1, port=8240)
+    return Bench.start(p, argv)
 
 
 def model_figures(cfg: Config) -> dict[str, float]:
@@ -336,18 +317,14 @@ def model_figures(cfg: Config) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    command = shlex.join(sys.orig_argv)
-    console.print(f"[bold]command:[/] {command}")
-    root = args.root or Path(tempfile.mkdtemp(prefix="dart-ray-decoupling-"))
-    t0 = time.perf_counter()
+    bench = parse_args(argv)
+    args = bench.args
+    root = run_root(args, "decoupling")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     cfg = make_config(args, modes[0], 0, root)
     results: dict[str, Any] = {
         "simulated": True,
-        "command": command,
-        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()}",
+        **bench.meta,
         "timing": cfg.timing.model_dump(mode="json"),
         "model": model_figures(cfg),
         "env_utilisation_definition": "session-seconds inside episodes / "
@@ -364,13 +341,8 @@ def main(argv: list[str] | None = None) -> int:
         results["verdict"] = verdict(runs, rt)
     if {"decoupled", "partial"} <= set(runs):
         results["partial_vs_decoupled"] = partial_vs_decoupled(runs["partial"], runs["decoupled"])
-    results["total_runtime_s"] = time.perf_counter() - t0
-    results["machine"] += f" -> {os.getloadavg()}"
     render(results)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    console.print(f"wrote {args.out}; total {results['total_runtime_s']:.0f} s; runs in {root}")
-    console.print(f"[bold]command:[/] {command}")
+    bench.write(results, note=f"runs in {root}")
     return 0
 
 

@@ -17,31 +17,22 @@ the screen (pyautogui code through /execute, settle, screenshot and accessibilit
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import json
 import multiprocessing as mp
 import os
 import platform
 import statistics
-import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import psutil
-from rich.console import Console
-from rich.table import Table
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from harness import Bench, console, parser, table
 
 from dart_ray.config import EnvConfig, MiniDeskOptions
 from dart_ray.envs.base import Env, make_env
 from dart_ray.records import Action, ActionKind, Task
-
-RESULTS = Path(__file__).parent / "results"
 
 
 def minidesk_cfg(encode: bool) -> EnvConfig:
@@ -206,37 +197,25 @@ def bench_real(kind: str, seconds: float, ns: list[int]) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__, "envs")
     ap.add_argument("--kinds", default="minidesk,miniwob,desktop")
     ap.add_argument("--seconds", type=float, default=6.0)
-    a = ap.parse_args()
+    bench = Bench.start(ap)
+    a = bench.args
     results = []
     for kind in a.kinds.split(","):
         if kind == "minidesk":
             results.append(bench_minidesk(a.seconds))
-        elif kind == "miniwob":
-            results.append(bench_real("miniwob", a.seconds, [1, 2, 4, 8]))
-        elif kind == "desktop":
-            results.append(bench_real("desktop", a.seconds, [1, 2, 4, 8]))
+        elif kind in ("miniwob", "desktop"):
+            results.append(bench_real(kind, a.seconds, [1, 2, 4, 8]))
         else:
             raise SystemExit(f"unknown kind {kind!r}")
-    table = Table(
-        title=f"environments on {os.cpu_count()} cores ({platform.processor() or platform.machine()})"
-    )
-    for col in (
-        "kind",
-        "screen",
-        "reset ms",
-        "steps/s (1 session)",
-        "steps/s with PNG",
-        "memory MiB/session",
-        "aggregate steps/s by sessions",
-        "sessions 2 cores sustain",
-    ):
-        table.add_column(col, justify="right")
+    t = table(f"environments on {os.cpu_count()} cores ({platform.processor() or platform.machine()})",
+              ("kind", "screen", "reset ms", "steps/s (1 session)", "steps/s with PNG",
+               "memory MiB/session", "aggregate steps/s by sessions", "sessions 2 cores sustain"))  # fmt: skip
     for r in results:
         agg = ", ".join(f"{n}: {v:.1f}" for n, v in r["aggregate_steps_per_s"].items())
-        table.add_row(
+        t.add_row(
             r["kind"],
             r["screen"],
             f"{r['reset_ms']:.1f}",
@@ -246,16 +225,8 @@ def main() -> None:
             agg,
             str(r["sessions_2_cores"]),
         )
-    Console(width=170).print(table)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    doc = {
-        "command": " ".join(sys.argv),
-        "cores": os.cpu_count(),
-        "time": time.time(),
-        "results": results,
-    }
-    (RESULTS / "envs.json").write_text(json.dumps(doc, indent=2))
-    print(f"wrote {RESULTS / 'envs.json'}")
+    console(width=170).print(t)  # one row per kind, wide
+    bench.write({"cores": os.cpu_count(), "time": time.time(), "results": results})
 
 
 if __name__ == "__main__":

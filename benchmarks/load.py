@@ -24,20 +24,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import json
 import multiprocessing as mp
-import os
-import platform
-import shlex
 import statistics
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from harness import REPO_ROOT, Bench, console, local_ray, parser, table
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -128,25 +122,17 @@ async def _hammer(url: str, clients: int, seconds: float) -> dict[str, Any]:
 
 def bench_policy(args: argparse.Namespace) -> dict[str, Any]:
     import ray
-    from ray import serve
 
     from dart_ray.config import PolicyConfig
     from dart_ray.models.loading import load_model
+    from dart_ray.models.weights import pack
     from dart_ray.testing.raycluster import free_port
-    from dart_ray.weights import pack
     from serve_apps.policy import run_policy
 
     port = free_port()
     cfg = PolicyConfig(http_host="127.0.0.1", http_port=port, max_batch_size=16)
-    model_dir = REPO / "fixtures" / "tiny-sft"
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        log_to_driver=False,
-    )
-    try:
+    model_dir = REPO_ROOT / "fixtures" / "tiny-sft"
+    with local_ray():
         handle = run_policy(cfg, model_dir, name="load", route_prefix="/load")
         state = {k: v.detach().clone() for k, v in load_model(model_dir).state_dict().items()}
         updates: list[float] = []
@@ -176,9 +162,6 @@ def bench_policy(args: argparse.Namespace) -> dict[str, Any]:
         result["weight_updates"] = len(updates)
         result["weight_update_s_max"] = max(updates, default=0.0)
         return result
-    finally:
-        serve.shutdown()
-        ray.shutdown()
 
 
 # --------------------------------------------------------------------------- log
@@ -324,12 +307,8 @@ def bench_log(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
 
 
 def _table(out: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title="load")
-    for col in ("part", "load", "done", "failed / lost / doubled", "rate", "latency p50/p90/p99"):
-        t.add_column(col)
+    t = table("load", ("part", "load", "done", "failed / lost / doubled", "rate",
+                       "latency p50/p90/p99"), "left")  # fmt: skip
     if "policy" in out:
         pol, lat = out["policy"], out["policy"]["latency_s"]
         t.add_row(
@@ -351,11 +330,11 @@ def _table(out: dict[str, Any]) -> None:
             f"{lg['rows_per_s']:.0f} rows/s",
             "",
         )
-    Console().print(t)
+    console().print(t)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__, "load")
     p.add_argument("--clients", type=int, default=64)
     p.add_argument("--minutes", type=float, default=3.0, help="policy load duration")
     p.add_argument("--update-every", type=float, default=20.0, help="s between weight versions")
@@ -367,14 +346,10 @@ def main(argv: list[str] | None = None) -> int:
         "--dsn", default=None, help="MariaDB/MySQL URL with a database (default: a private server)"
     )
     p.add_argument("--parts", default="policy,log")
-    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "load.json")
-    args = p.parse_args(argv)
+    bench = Bench.start(p, argv)
+    args = bench.args
     parts = {x.strip() for x in args.parts.split(",")}
-    command = shlex.join(sys.orig_argv)
-    out: dict[str, Any] = {
-        "command": command,
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()}",
-    }
+    out: dict[str, Any] = {}
     if "policy" in parts:
         out["policy"] = bench_policy(args)
     if "log" in parts:
@@ -392,7 +367,6 @@ def main(argv: list[str] | None = None) -> int:
                     c.execute(sa.text("CREATE DATABASE load_bench"))
                 e.dispose()
                 out["log"] = bench_log(args, server.url + "/load_bench")
-    out["machine"] += f" -> {os.getloadavg()}"
     ok = True
     if "policy" in out:
         pol = out["policy"]
@@ -411,9 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         ok &= bool(lg["ok"])
     out["ok"] = ok
     _table(out)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {args.out}; command: {command}")
+    bench.write(out)
     return 0 if ok else 1
 
 

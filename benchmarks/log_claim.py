@@ -33,32 +33,27 @@ step it runs on the frame is left out. The ratios reported are therefore lower b
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import sqlalchemy as sa
+from harness import Bench, console, parser, table
 from log_table import (
     INSTRUCTIONS,
     N_TASKS,
     N_VERSIONS,
-    REPO_ROOT,
     RUN_A,
     bench_dart_gui,
-    console,
     fill,
     fresh_database,
     ms,
 )
-from rich.table import Table
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.pool import NullPool
 
@@ -152,7 +147,6 @@ def bench_claims(log: DurableLog, batch: int, repeats: int, min_version: int) ->
 
 
 def _factory() -> Callable[..., Trajectory]:
-    sys.path.insert(0, str(REPO_ROOT))
     from tests.factories import make_trajectory
 
     return make_trajectory
@@ -242,14 +236,14 @@ def machine_info(engine: Engine) -> dict[str, Any]:
 def bench_size(server: URL, args: argparse.Namespace, n_run: int) -> dict[str, Any]:
     engine = fresh_database(server, args.database)
     try:
-        console.log(f"{n_run:,} rows: filling")
+        console().log(f"{n_run:,} rows: filling")
         filled = fill(engine, n_run)
-        console.log(f"{n_run:,} rows: filled in {filled['fill_s']:.1f} s; claims")
+        console().log(f"{n_run:,} rows: filled in {filled['fill_s']:.1f} s; claims")
         log = DurableLog(engine)
         min_version = N_VERSIONS - 1 - 2
         plan = explain_claim(engine, log, args.batch, min_version)
         claims = bench_claims(log, args.batch, args.claims, min_version)
-        console.log(f"{n_run:,} rows: DART-GUI batch assembly")
+        console().log(f"{n_run:,} rows: DART-GUI batch assembly")
         dart = bench_dart_gui(engine, args.dart_reps, args.dart_budget_s)
     finally:
         engine.dispose()
@@ -282,11 +276,9 @@ def summarize(sizes: list[dict[str, Any]]) -> dict[str, Any]:
 
 def report(results: dict[str, Any]) -> None:
     sizes = results["sizes"]
-    t = Table(title=f"Next batch of {results['args']['batch']} rows: claim vs DART-GUI poll")
-    for col in ("run rows", "table rows", "fill s", "claim med ms", "claim p90 ms", "ack med ms"):
-        t.add_column(col, justify="right")
-    for col in ("DART-GUI med ms", "read / select / update ms", "reps", "DART-GUI / claim"):
-        t.add_column(col, justify="right")
+    t = table(f"Next batch of {results['args']['batch']} rows: claim vs DART-GUI poll",
+              ("run rows", "table rows", "fill s", "claim med ms", "claim p90 ms", "ack med ms",
+               "DART-GUI med ms", "read / select / update ms", "reps", "DART-GUI / claim"))  # fmt: skip
     for s in sizes:
         c, d = s["claim"], s["dart_gui"]
         t.add_row(
@@ -301,16 +293,15 @@ def report(results: dict[str, Any]) -> None:
             str(d["total_ms"]["n"]),
             f"{s['dart_gui_over_claim']:,.0f}x",
         )
-    console.print(t)
+    console().print(t)
     sm = results["summary"]
-    console.print(
+    console().print(
         f"{sm['from_rows']:,} -> {sm['to_rows']:,} rows ({sm['table_growth']:.0f}x): claim median "
         f"x{sm['claim_growth']:.2f}, DART-GUI median x{sm['dart_gui_growth']:.2f}"
     )
-    e = Table(title="Claim SELECT: plan (EXPLAIN), index entries read (Handler_*), time")
     cols = ("type", "key", "key_len", "ref", "rows", "Extra")
-    for col in ("run rows", "variant", *cols, "entries read", "SELECT med ms", "filesort"):
-        e.add_column(col)
+    e = table("Claim SELECT: plan (EXPLAIN), index entries read (Handler_*), time",
+              ("run rows", "variant", *cols, "entries read", "SELECT med ms", "filesort"), "left")  # fmt: skip
     for s in sizes:
         for variant, p in (
             ("as sent", s["claim_plan"]),
@@ -325,20 +316,18 @@ def report(results: dict[str, Any]) -> None:
                 f"{p['select_ms']['median']:.2f}",
                 str(p["filesort"]),
             )
-    console.print(e)
-    console.print(f"[dim]claim SQL as sent: {sizes[0]['claim_plan']['sql']}[/]")
+    console().print(e)
+    console().print(f"[dim]claim SQL as sent: {sizes[0]['claim_plan']['sql']}[/]")
     for s in sizes:
         p, batch = s["claim_plan"], results["args"]["batch"]
         ok = p["uses_claim_index"] and not p["filesort"] and p["index_entries_read"] <= 2 * batch
-        console.print(
+        console().print(
             f"[{'green' if ok else 'red'}]{'OK' if ok else 'SCANS'} at {s['n_run_rows']:,} rows: "
             f"key {p['key']}, "
             f"type {p['access_type']}, filesort={p['filesort']}, "
             f"{p['index_entries_read']:,} index entries read for {p['rows_returned']} rows[/]"
         )
-    a = Table(title="Appends (fresh table)")
-    for col in ("mode", "rows", "seconds", "rows/s", "vs new connection"):
-        a.add_column(col, justify="right")
+    a = table("Appends (fresh table)", ("mode", "rows", "seconds", "rows/s", "vs new connection"))
     for name, v in results["appends"].items():
         a.add_row(
             name,
@@ -347,7 +336,7 @@ def report(results: dict[str, Any]) -> None:
             f"{v['rows_per_s']:,.0f}",
             f"{v['vs_new_connection']:.1f}x",
         )
-    console.print(a)
+    console().print(a)
 
 
 @contextmanager
@@ -359,8 +348,8 @@ def server_url(args: argparse.Namespace) -> Iterator[URL]:
         yield make_url(db.url)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None) -> Bench:
+    p = parser(__doc__, "log_claim")
     p.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000])
     p.add_argument("--claims", type=int, default=30, help="timed claims per size")
     p.add_argument("--batch", type=int, default=64, help="rows per claim")
@@ -368,25 +357,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dart-budget-s", type=float, default=60.0, help="stop after 3 reps past it")
     p.add_argument("--appends", type=int, nargs=3, default=[200, 1000, 20_000])
     p.add_argument("--append-batch", type=int, default=256)
-    p.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks/results/log_claim.json")
     p.add_argument("--dsn", help="an existing server (default: a temporary MariaDB)")
     p.add_argument("--database", default="dart_ray_bench", help="dropped and recreated!")
     p.add_argument("--buffer-pool", default="1G", help="of the temporary MariaDB")
-    return p.parse_args(argv)
+    return Bench.start(p, argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    bench = parse_args(argv)
+    args = bench.args
     make_trajectory = _factory()  # now, with the rest of the code, not minutes later
-    command = shlex.join(sys.orig_argv)
-    console.print(f"[bold]command:[/] {command}")
-    t0 = time.perf_counter()
-    results: dict[str, Any] = {"command": command, "args": vars(args) | {"out": str(args.out)}}
+    results: dict[str, Any] = {**bench.meta}
     with server_url(args) as server:
         admin = create_engine(server)
         results["machine"] = machine_info(admin)
         results["sizes"] = [bench_size(server, args, n) for n in args.rows]
-        console.log("appends")
+        console().log("appends")
         engine = fresh_database(server, args.database)
         try:
             results["appends"] = bench_appends(
@@ -398,12 +384,8 @@ def main(argv: list[str] | None = None) -> int:
                 c.exec_driver_sql(f"DROP DATABASE IF EXISTS `{args.database}`")
             admin.dispose()
     results["summary"] = summarize(results["sizes"])
-    results["total_runtime_s"] = time.perf_counter() - t0
     report(results)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    console.print(f"wrote {args.out}; total {results['total_runtime_s']:.0f} s")
-    console.print(f"[bold]command:[/] {command}")
+    bench.write(results)
     return 0
 
 

@@ -3,23 +3,19 @@ server-side, and DART-GUI's batch assembly reproduced on it (see log_claim.py)."
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import sqlalchemy as sa
-from rich.console import Console
 from sqlalchemy.engine import URL, Engine
 from sqlalchemy.pool import NullPool
 
 from dart_ray.store.db import create_engine, init_schema
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 RUN_A = "results/bench_pass8_gpu8_env64_maxstep30_20250902_2305"
 RUN_B = "results/bench_pass8_gpu8_env64_maxstep30_20250826_1854"
 N_TASKS = 40
@@ -33,7 +29,6 @@ INSTRUCTIONS = (
     "Insert a page number in the footer of the open LibreOffice Writer document",
     "Mute the notifications of the chat application for the next eight hours please",
 )
-console = Console(width=None if sys.stdout.isatty() else 160)
 
 
 # --------------------------------------------------------------------------- helpers

@@ -19,12 +19,8 @@ Prints a table and writes JSON to benchmarks/results/policy.json.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
-import json
-import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -36,20 +32,16 @@ from typing import Any
 
 import ray
 import torch
+from harness import REPO_ROOT, Bench, console, local_ray, parser, table
 from ray import serve
-from rich.console import Console
-from rich.table import Table
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from dart_ray.config import PolicyConfig  # noqa: E402
-from dart_ray.engines.base import GenerateRequest, SamplingParams  # noqa: E402
-from dart_ray.models.loading import load_model  # noqa: E402
-from dart_ray.models.tiny import TinySpec, save_tiny_model  # noqa: E402
-from dart_ray.prompts import Turn, build_messages  # noqa: E402
-from dart_ray.weights import load_into, pack, unpack, warm_object_store  # noqa: E402
-from serve_apps.policy import build_app  # noqa: E402
+from dart_ray.config import PolicyConfig
+from dart_ray.engines.base import GenerateRequest, SamplingParams
+from dart_ray.models.loading import load_model
+from dart_ray.models.tiny import TinySpec, save_tiny_model
+from dart_ray.models.weights import load_into, pack, unpack, warm_object_store
+from dart_ray.uitars.prompts import Turn, build_messages
+from serve_apps.policy import build_app
 
 SIZES = {
     "10M": TinySpec(hidden_size=320, intermediate_size=1024, num_layers=8, num_heads=10, num_kv_heads=10),
@@ -63,26 +55,6 @@ SIZE_GB = {"10M": 0.05, "100M": 0.45, "500M": 2.1, "1B": 2.1}
 """Weights of each size as published (1B in bf16: fp32 would not fit this machine three
 times over), for sizing the object store."""
 BF16 = {"1B"}
-
-
-def start_ray(store_bytes: int, attempts: int = 3) -> None:
-    """A local Ray with a preallocated store of `store_bytes`, retried.
-
-    Measured here: a raylet that preallocates a store of several GB just after another run
-    released one can give up connecting to its own store (`buffer_pool_store_client_->Connect
-    ... No such file or directory`) and the start times out after two minutes; a second
-    start succeeds."""
-    for attempt in range(1, attempts + 1):
-        try:
-            ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-                     object_store_memory=store_bytes)  # fmt: skip
-            return
-        except Exception as e:
-            ray.shutdown()
-            if attempt == attempts:
-                raise
-            print(f"ray did not start ({str(e)[:80]}); retrying in 10 s", file=sys.stderr)
-            time.sleep(10)
 
 
 def _screenshot() -> bytes:
@@ -176,7 +148,7 @@ def _fresh_engine_seconds(path: Path, dtype: torch.dtype = torch.float32) -> flo
         "print(time.perf_counter() - t)"
     )
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, cwd=ROOT)
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, cwd=REPO_ROOT)
     return time.perf_counter() - t0
 
 
@@ -275,7 +247,7 @@ def check_unpack_is_zero_copy() -> bool:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = parser(__doc__, "policy")
     ap.add_argument("--quick", action="store_true", help="10M and 100M only, 5 s windows")
     ap.add_argument("--clients", default="1,8,32")
     ap.add_argument("--seconds", type=float, default=20.0)
@@ -288,26 +260,20 @@ def main() -> None:
     ap.add_argument("--cold", action="store_true",
                     help="publish without warming the object store first (train.warm_object_store off)")  # fmt: skip
     ap.add_argument("--tokens", type=int, default=64, help="tokens per action (policy default)")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "policy.json"))
-    args = ap.parse_args()
+    bench = Bench.start(ap)
+    args = bench.args
     sizes = (args.sizes or ("10M,100M" if args.quick else "10M,100M,500M")).split(",")
     seconds = 5.0 if args.quick else args.seconds
-    console = Console()
 
     # Room for three versions of the largest model: the one served, the one arriving, and one
     # in flight; a smaller store spills to disk and measures the disk instead.
-    # With --cold, RAY_preallocate_plasma_memory: the store touches its pages once at start
-    # (measured: 2x faster puts than without; but a store of several GB can then take so long
-    # to start that its raylet gives up on it, see start_ray). Otherwise the publisher warms
-    # the store itself (warm_object_store), which also maps its pages into this process.
-    if args.cold:
-        os.environ.setdefault("RAY_preallocate_plasma_memory", "1")
+    # With --cold, the store touches its pages once at start (`local_ray`'s preallocate);
+    # otherwise the publisher warms the store itself (warm_object_store), which also maps its
+    # pages into this process.
     gb = args.object_store_gb
     if gb is None:
         gb = 0.5 if args.skip_weights else 3 * max(SIZE_GB[s] for s in sizes) + 0.5
-    start_ray(int(gb * 2**30))
-    serve.start(http_options={"location": "NoServer"})  # no HTTP proxy needed here
-    try:
+    with local_ray(object_store_bytes=int(gb * 2**30), serve=True, preallocate=args.cold):
         tmp = Path(tempfile.mkdtemp(prefix="dart-ray-bench-tiny-"))
         tiny = save_tiny_model(tmp / "tiny")  # UI-TARS pixel budget: 320x240 -> 108 tokens
         clients = [] if args.skip_throughput else [int(c) for c in args.clients.split(",")]
@@ -317,7 +283,7 @@ def main() -> None:
         warmed = None
         if not args.skip_weights and not args.cold:  # as the trainer does (train.warm_object_store)
             warmed = asdict(warm_object_store())
-            console.log(f"warmed the object store: {warmed}")
+            console().log(f"warmed the object store: {warmed}")
         ws = (
             []
             if args.skip_weights
@@ -326,15 +292,11 @@ def main() -> None:
             ]
         )
         zero_copy = check_unpack_is_zero_copy()
-    finally:
-        serve.shutdown()
-        ray.shutdown()
 
-    t = Table(title=f"actions/s (tiny model, {args.tokens} tokens/action, 1 replica of 1 CPU), "
-                    "through Serve and the engine alone (no Serve, no preprocessing, one thread)")  # fmt: skip
-    for c in ("clients", "Serve unbatched", "Serve batched", "mean batch", "speed-up",
-              "engine batch 1", "engine batch n", "engine speed-up", "Serve batched / engine"):  # fmt: skip
-        t.add_column(c, justify="right")
+    t = table(f"actions/s (tiny model, {args.tokens} tokens/action, 1 replica of 1 CPU), "
+              "through Serve and the engine alone (no Serve, no preprocessing, one thread)",
+              ("clients", "Serve unbatched", "Serve batched", "mean batch", "speed-up",
+               "engine batch 1", "engine batch n", "engine speed-up", "Serve batched / engine"))  # fmt: skip
     e1 = next((r["actions_per_s"] for r in eng if r["batch"] == 1), float("nan"))
     for n in sorted({r["clients"] for r in tp}):
         u = next(r for r in tp if r["clients"] == n and not r["batched"])["actions_per_s"]
@@ -343,11 +305,10 @@ def main() -> None:
         en = next(r["actions_per_s"] for r in eng if r["batch"] == n)
         t.add_row(str(n), f"{u:.1f}", f"{b:.1f}", f"{row['mean_batch']:.1f}", f"{b / u:.2f}x",
                   f"{e1:.1f}", f"{en:.1f}", f"{en / e1:.2f}x", f"{b / en:.0%}")  # fmt: skip
-    console.print(t)
-    w = Table(title="weight update latency, seconds (fp32, median of repeats)")
-    for c in ("size", "MB", "floor", "store share", "/floor", "store copy", "/floor",
-              "pickled", "ckpt+restart", "ckpt/share"):  # fmt: skip
-        w.add_column(c, justify="right")
+    console().print(t)
+    w = table("weight update latency, seconds (fp32, median of repeats)",
+              ("size", "MB", "floor", "store share", "/floor", "store copy", "/floor",
+               "pickled", "ckpt+restart", "ckpt/share"))  # fmt: skip
     for r in ws:
         naive = f"{r['naive_put_get_s']:.3f}" if r["naive_put_get_s"] is not None else "skipped"
         w.add_row(f"{r['size']} ({r['params'] / 1e6:.0f}M)", f"{r['bytes'] / 2**20:.0f}",
@@ -355,21 +316,17 @@ def main() -> None:
                   f"{r['object_store_copy_s']:.3f}", f"{r['copy_vs_floor']:.1f}x", naive,
                   f"{r['checkpoint_restart_s']:.2f}",
                   f"{r['checkpoint_over_store']:.0f}x")  # fmt: skip
-    console.print(w)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    result = {
-        "command": " ".join(["python", *sys.argv]),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "tokens_per_action": args.tokens,
-        "throughput": tp,
-        "engine_only": eng,
-        "weights": ws,
-        "unpack_zero_copy": zero_copy,
-        "object_store_warmed": warmed,
-    }
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    console.print(f"wrote {out}")
+    console().print(w)
+    bench.write(
+        {
+            "tokens_per_action": args.tokens,
+            "throughput": tp,
+            "engine_only": eng,
+            "weights": ws,
+            "unpack_zero_copy": zero_copy,
+            "object_store_warmed": warmed,
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -33,13 +33,9 @@ Prints a table per N and a summary, writes JSON to benchmarks/results/scale.json
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import re
-import shlex
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -48,19 +44,13 @@ from typing import Any
 
 import psutil
 import ray
-from ray import serve
+from harness import Bench, console, parser, stop_ray, table
 from ray.util.state import list_actors
-from rich.console import Console
-from rich.table import Table
+from timing_run import Probe, add_run_args, before_stop, run_root
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing_run import Probe, probing
-
-from dart_ray import driver, runtime
 from dart_ray.config import Config, load_config
+from dart_ray.run import driver, runtime
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-console = Console(width=None if sys.stdout.isatty() else 160)
 SATURATED = 0.85
 """Cores one Python process can use, near enough: a part at this share of a core is the wall."""
 
@@ -152,10 +142,10 @@ class Window:
         if self.start is None and now >= self.warmup_s:
             self.counters["start"] = self.count(parts)
             self.start = snapshot()
-            console.log(f"{len(parts.sessions)} sessions: measuring from here")
+            console().log(f"{len(parts.sessions)} sessions: measuring from here")
         elif self.start is not None and self.end is None and now >= self.warmup_s + self.window_s:
             self.close(parts)
-            console.log(f"{len(parts.sessions)} sessions: window closed")
+            console().log(f"{len(parts.sessions)} sessions: window closed")
 
     def close(self, parts: runtime.Parts) -> None:
         if self.start is not None and self.end is None:
@@ -188,26 +178,19 @@ def make_config(args: argparse.Namespace, n: int, root: Path, index: int) -> Con
 def run_one(args: argparse.Namespace, n: int, root: Path, index: int) -> dict[str, Any]:
     cfg = make_config(args, n, root, index)
     win, probe = Window(args.warmup, window_s=60 * args.minutes), Probe()
-    console.rule(f"{n} sessions (SIMULATED, timing.scale {args.scale})")
+    console().rule(f"{n} sessions (SIMULATED, timing.scale {args.scale})")
     t0 = time.monotonic()
-    original = runtime.stop
 
-    def stop(parts: runtime.Parts) -> None:
-        try:
-            win.close(parts)
-            alive = list_actors(filters=[("state", "=", "ALIVE")], limit=10_000)  # the API's most
-            win.counters["actors"] = {"alive": float(len(alive))}
-        finally:
-            original(parts)
+    def close(parts: runtime.Parts) -> None:
+        win.close(parts)
+        alive = list_actors(filters=[("state", "=", "ALIVE")], limit=10_000)  # the API's most
+        win.counters["actors"] = {"alive": float(len(alive))}
 
     try:
-        runtime.stop = stop  # type: ignore[assignment]
-        with probing(probe):
+        with before_stop(close), before_stop(probe.read):
             report = driver.train(cfg, on_tick=lambda parts: win.tick(parts, t0))
     finally:
-        runtime.stop = original  # type: ignore[assignment]
-        serve.shutdown()
-        ray.shutdown()
+        stop_ray()
     if win.start is None or win.end is None:
         raise SystemExit(f"{n} sessions: the run ended before the window (raise --minutes)")
     a, b = win.counters["start"], win.counters["end"]
@@ -247,12 +230,10 @@ def run_one(args: argparse.Namespace, n: int, root: Path, index: int) -> dict[st
 def render(results: dict[str, Any]) -> None:
     runs = results["runs"]
     base = runs[0]["steps_per_session_minute"] or 1.0
-    t = Table(
-        title=f"SIMULATED: sessions one head node drives (timing.scale {results['args']['scale']})"
-    )
-    for c in ("sessions", "steps/s", "steps / session-min (vs first)", "traj/s", "env util",
-              "actors", "cores", "env cores / 100 sessions", "env MB / session", "saturated"):  # fmt: skip
-        t.add_column(c, justify="right" if c != "saturated" else "left")
+    t = table(f"SIMULATED: sessions one head node drives (timing.scale {results['args']['scale']})",
+              ("sessions", "steps/s", "steps / session-min (vs first)", "traj/s", "env util",
+               "actors", "cores", "env cores / 100 sessions", "env MB / session", "saturated"),
+              left={"saturated"})  # fmt: skip
     for r in runs:
         env = r["parts"].get("ray::EnvHost") or r["parts"].get("ray::EnvSession") or {}
         t.add_row(
@@ -267,53 +248,34 @@ def render(results: dict[str, Any]) -> None:
             f"{env.get('rss_mb', 0.0) / r['sessions']:.1f}",
             ", ".join(r["saturated"]) or "-",
         )
-    console.print(t)
+    console().print(t)
     for r in runs:
-        p = Table(title=f"{r['sessions']} sessions: cores and memory by part")
-        for c in ("part", "cores", "busiest process", "RSS MB", "processes"):
-            p.add_column(c, justify="left" if c == "part" else "right")
+        p = table(f"{r['sessions']} sessions: cores and memory by part",
+                  ("part", "cores", "busiest process", "RSS MB", "processes"), left={"part"})  # fmt: skip
         for k, v in r["parts"].items():
             p.add_row(k, f"{v['cores']:.3f}", f"{v['busiest_process_cores']:.3f}",
                       f"{v['rss_mb']:.0f}", str(v["processes"]))  # fmt: skip
-        console.print(p)
+        console().print(p)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None) -> Bench:
+    p = parser(__doc__, "scale")
     p.add_argument("--sessions", default="64,256,1024", help="comma-separated session counts")
     p.add_argument("--minutes", type=float, default=3.0, help="measured window of each")
     p.add_argument("--warmup", type=float, default=60.0, help="seconds before the window")
-    p.add_argument("--scale", type=float, default=1.0, help="timing.scale")
     p.add_argument("--per-actor", type=int, default=64, help="env.sessions_per_actor")
-    p.add_argument("--config", type=Path, default=REPO_ROOT / "configs/timing-osworld-7b.toml")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--port", type=int, default=8260, help="policy HTTP port of the first run")
-    p.add_argument("--root", type=Path, default=None, help="run folders (default: a temp dir)")
-    p.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks/results/scale.json")
-    return p.parse_args(argv)
+    add_run_args(p, scale=1.0, port=8260)
+    return Bench.start(p, argv, f"{psutil.virtual_memory().total / 2**30:.0f} GiB")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    command = shlex.join(sys.orig_argv)
-    console.print(f"[bold]command:[/] {command}")
-    root = args.root or Path(tempfile.mkdtemp(prefix="dart-ray-scale-"))
-    t0 = time.perf_counter()
-    counts = [int(x) for x in args.sessions.split(",") if x.strip()]
-    results: dict[str, Any] = {
-        "simulated": True,
-        "command": command,
-        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
-        f"{psutil.virtual_memory().total / 2**30:.0f} GiB, load {os.getloadavg()}",
-        "runs": [run_one(args, n, root, i) for i, n in enumerate(counts)],
-    }
-    results["total_runtime_s"] = time.perf_counter() - t0
+    bench = parse_args(argv)
+    root = run_root(bench.args, "scale")
+    counts = [int(x) for x in bench.args.sessions.split(",") if x.strip()]
+    runs = [run_one(bench.args, n, root, i) for i, n in enumerate(counts)]
+    results: dict[str, Any] = {"simulated": True, **bench.meta, "runs": runs}
     render(results)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    console.print(f"wrote {args.out}; total {results['total_runtime_s']:.0f} s; runs in {root}")
-    console.print(f"[bold]command:[/] {command}")
+    bench.write(results, note=f"runs in {root}")
     return 0
 
 

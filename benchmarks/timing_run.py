@@ -1,25 +1,43 @@
 """The run plumbing the timing-mode benchmarks share (`decoupling.py`, `scale.py`).
 
-`Probe` reads what the parts know just before the driver stops them; `probing` hooks it in;
-`watchdog` stops a run that outlives its budget; `ticker` prints progress while it runs.
+`add_run_args` gives both their common options (the config and its overrides, the scale, the
+port and run folders); `Probe` reads what the parts know just before the driver stops them,
+hooked in by `before_stop`; `watchdog` stops a run that outlives its budget; `ticker` prints
+progress while it runs.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import ray
-from rich.console import Console
+from harness import REPO_ROOT, console
 
-from dart_ray import runtime
 from dart_ray.config import Config
+from dart_ray.run import runtime
 
-console = Console(width=None if sys.stdout.isatty() else 160)
+
+def add_run_args(p: argparse.ArgumentParser, *, scale: float, port: int) -> None:
+    """The options of a timing-mode benchmark besides its budget: the config and its
+    overrides, timing.scale, the policy port of its first run and the run folders."""
+    p.add_argument("--scale", type=float, default=scale, help="timing.scale")
+    p.add_argument("--config", type=Path, default=REPO_ROOT / "configs/timing-osworld-7b.toml")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra config override, applied to every run")  # fmt: skip
+    p.add_argument("--port", type=int, default=port, help="policy HTTP port of the first run")
+    p.add_argument("--root", type=Path, default=None, help="run folders (default: a temp dir)")
+
+
+def run_root(args: argparse.Namespace, name: str) -> Path:
+    """`--root`, or a new temporary folder for the runs' files."""
+    return args.root or Path(tempfile.mkdtemp(prefix=f"dart-ray-{name}-"))
 
 
 @dataclass
@@ -70,13 +88,14 @@ def trained_staleness(history: list[dict[str, float]], start_version: int) -> in
 
 
 @contextmanager
-def probing(probe: Probe) -> Iterator[None]:
-    """Read the parts' statistics just before the driver stops them."""
+def before_stop(read: Callable[[runtime.Parts], None]) -> Iterator[None]:
+    """Call `read(parts)` just before the driver stops the parts (`runtime.stop`), while they
+    still answer: `before_stop(probe.read)`. Nested, the inner one reads first."""
     original = runtime.stop
 
     def stop(parts: runtime.Parts) -> None:
         try:
-            probe.read(parts)
+            read(parts)
         finally:
             original(parts)
 
@@ -106,10 +125,10 @@ def watchdog(cfg: Config, grace_s: float) -> Iterator[dict[str, float]]:
             control = ray.get_actor(name, namespace=cfg.cluster.namespace)
             ray.get(control.request_stop.remote("benchmark watchdog: budget + grace exceeded"))
         except (ValueError, ray.exceptions.RayError) as e:
-            console.log(f"watchdog could not stop {name}: {e}")
+            console().log(f"watchdog could not stop {name}: {e}")
             return
         fired["at_s"] = time.monotonic() - t0
-        console.log(f"[red]watchdog stopped {cfg.run.run_id} at {fired['at_s']:.0f} s[/]")
+        console().log(f"[red]watchdog stopped {cfg.run.run_id} at {fired['at_s']:.0f} s[/]")
 
     thread = threading.Thread(target=watch, name="watchdog", daemon=True)
     thread.start()
@@ -134,7 +153,7 @@ def ticker(probe: Probe, t0: float, every_s: float = 30.0) -> Callable[[runtime.
         )
         row = {"t_s": now - t0, "train_steps": len(history), "trajectories": logged}
         probe.progress.append(row)
-        console.log(f"{parts.config.run.mode}: {row['t_s']:.0f} s, {logged} trajectories, "
+        console().log(f"{parts.config.run.mode}: {row['t_s']:.0f} s, {logged} trajectories, "
                     f"{len(history)} train steps")  # fmt: skip
 
     return tick

@@ -32,11 +32,8 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
-import platform
 import re
-import shlex
 import shutil
 import statistics
 import subprocess
@@ -49,11 +46,9 @@ from typing import Any
 
 import ray
 import torch
+from harness import REPO_ROOT, Bench, console, local_ray, parser, table
 from ray import serve
-from rich.console import Console
-from rich.table import Table
 
-from dart_ray.actions import parse_response
 from dart_ray.config import Config, PolicyConfig, load_config
 from dart_ray.data.batches import batch_tokens, to_record_batch
 from dart_ray.data.curation import StepSample, split_steps
@@ -63,15 +58,15 @@ from dart_ray.envs.minidesk.env import MiniDeskEnv
 from dart_ray.envs.minidesk.generate import load_tasks
 from dart_ray.models.loading import PolicyProcessor, load_model
 from dart_ray.models.tiny import TinySpec, num_parameters, save_tiny_model
-from dart_ray.prompts import Turn, build_messages
+from dart_ray.models.weights import pack, warm_object_store
 from dart_ray.records import Status, Step, Trajectory
 from dart_ray.train.forward import collate
 from dart_ray.train.fsdp import full_state_dict
 from dart_ray.train.learner import Learner, loss_settings, split_micro
-from dart_ray.weights import pack, warm_object_store
+from dart_ray.uitars.actions import parse_response
+from dart_ray.uitars.prompts import Turn, build_messages
 from serve_apps.policy import build_app
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 TINY = REPO_ROOT / "fixtures" / "tiny-sft"
 SIZES = {
     "10M": TinySpec(hidden_size=320, intermediate_size=1024, num_layers=8, num_heads=10, num_kv_heads=10),
@@ -79,7 +74,6 @@ SIZES = {
     "500M": TinySpec(hidden_size=1280, intermediate_size=4096, num_layers=24, num_heads=20, num_kv_heads=20),
 }  # fmt: skip
 """The language model grows; the vision tower stays tiny (it is <1% of a 7B VLM's bytes too)."""
-console = Console(width=None if sys.stdout.isatty() else 160)
 
 
 # --------------------------------------------------------------------------- 1. step time
@@ -179,7 +173,7 @@ def bench_steps(
                     "tokens_per_s": tokens / step_s,
                 }
             )
-            console.log(f"step: {n_threads} thread(s), batch {b}: {step_s:.3f} s")
+            console().log(f"step: {n_threads} thread(s), batch {b}: {step_s:.3f} s")
             del learner, model
             gc.collect()
     prompt = [len(s.prompt_ids) for s in samples]
@@ -320,25 +314,23 @@ def render(results: dict[str, Any]) -> None:
 
 
 def render_steps(st: dict[str, Any]) -> None:
-    t = Table(title=f"trainer step on CPU: {st['model']} ({st['params'] / 1e6:.2f}M params), "
-                    f"~{st['prompt_tokens_mean']:.0f} prompt + {st['response_tokens_mean']:.0f} "
-                    "response tokens and 1 screenshot per sample")  # fmt: skip
-    for c in ("threads", "batch", "tokens", "micro", "step s", "of which collate", "samples/s",
-              "tokens/s"):  # fmt: skip
-        t.add_column(c, justify="right")
+    t = table(f"trainer step on CPU: {st['model']} ({st['params'] / 1e6:.2f}M params), "
+              f"~{st['prompt_tokens_mean']:.0f} prompt + {st['response_tokens_mean']:.0f} "
+              "response tokens and 1 screenshot per sample",
+              ("threads", "batch", "tokens", "micro", "step s", "of which collate", "samples/s",
+               "tokens/s"))  # fmt: skip
     for r in st["rows"]:
         t.add_row(str(r["threads"]), str(r["batch"]), str(r["tokens"]), str(r["micro_batches"]),
                   f"{r['step_s']:.3f}", f"{r['collate_s']:.3f}", f"{r['samples_per_s']:.1f}",
                   f"{r['tokens_per_s']:.0f}")  # fmt: skip
-    console.print(t)
+    console().print(t)
 
 
 def render_publish(publish: list[dict[str, Any]]) -> None:
-    w = Table(title="weight publication, seconds (median; fp32; 2 HF replicas)")
-    for c in ("size", "MB", "gather", "put", "all replicas loaded", "total", "first publish",
-              "ckpt save", "restart 2 engines", "ckpt total", "ckpt / publish",
-              "object store held (copies)"):  # fmt: skip
-        w.add_column(c, justify="right")
+    w = table("weight publication, seconds (median; fp32; 2 HF replicas)",
+              ("size", "MB", "gather", "put", "all replicas loaded", "total", "first publish",
+               "ckpt save", "restart 2 engines", "ckpt total", "ckpt / publish",
+               "object store held (copies)"))  # fmt: skip
     for r in publish:
         if "skipped" in r:
             w.add_row(r["size"], *["-"] * 10, r["skipped"])
@@ -350,11 +342,11 @@ def render_publish(publish: list[dict[str, Any]]) -> None:
                   f"{c['restart_s']:.2f}", f"{c['total_s']:.2f}",
                   f"{r['checkpoint_over_publish']:.0f}x",
                   f"{r['object_store_held_mb']:.0f} MB ({r['object_store_copies']:.1f})")  # fmt: skip
-    console.print(w)
+    console().print(w)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None) -> Bench:
+    p = parser(__doc__, "trainer")
     p.add_argument("--batches", default="8,16,32", help="samples per optimizer step")
     p.add_argument("--threads", default="1,2", help="torch threads for the step benchmark")
     p.add_argument("--step-repeats", type=int, default=3)
@@ -367,42 +359,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cold", action="store_true",
                    help="publish without warming the object store first (train.warm_object_store off)")  # fmt: skip
     p.add_argument("--config", type=Path, default=REPO_ROOT / "configs" / "tiny-cpu.toml")
-    p.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks/results/trainer.json")
-    return p.parse_args(argv)
+    return Bench.start(p, argv, f"{_available_bytes() / 2**30:.1f} GiB available")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    command = shlex.join(sys.orig_argv)
-    console.print(f"[bold]command:[/] {command}")
-    t0 = time.perf_counter()
-    cfg = load_config(args.config)
-    results: dict[str, Any] = {
-        "command": command,
-        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()}, "
-        f"{_available_bytes() / 2**30:.1f} GiB available",
-        "torch": torch.__version__,
-    }
-    if not args.skip_steps:
-        batches = [int(b) for b in args.batches.split(",")]
-        threads = [int(t) for t in args.threads.split(",")]
-        results["steps"] = bench_steps(cfg, batches, threads, args.step_repeats)
-        torch.set_num_threads(os.cpu_count() or 1)
-    sizes = [] if args.skip_publish else [s.strip() for s in args.sizes.split(",")]
-    results["publish"] = []
-    if sizes:
-        if args.cold:  # the store touches its pages at start (the publisher's still fault)
-            os.environ.setdefault("RAY_preallocate_plasma_memory", "1")
-        # room for the version the replicas serve (they point into it), the one arriving and
-        # a spare (a smaller store spills to disk and measures the disk)
-        store = max(2**30, 3 * max(_spec_bytes(SIZES[s]) for s in sizes))
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 _node_ip_address="127.0.0.1", object_store_memory=store)  # fmt: skip
-        serve.start(http_options={"location": "NoServer"})
+def publish_sizes(args: argparse.Namespace, sizes: list[str], results: dict[str, Any]) -> None:
+    """`bench_publish` for each size that fits in memory, on one local Ray and Serve."""
+    # room for the version the replicas serve (they point into it), the one arriving and
+    # a spare (a smaller store spills to disk and measures the disk); with --cold the store
+    # touches its pages at start (the publisher's still fault)
+    store = max(2**30, 3 * max(_spec_bytes(SIZES[s]) for s in sizes))
+    work = Path(tempfile.mkdtemp(prefix="dart-ray-bench-trainer-"))
+    with local_ray(object_store_bytes=store, serve=True, preallocate=args.cold):
         if not args.cold:  # as rank 0 does with train.warm_object_store
             results["object_store_warmed"] = asdict(warm_object_store())
-        work = Path(tempfile.mkdtemp(prefix="dart-ray-bench-trainer-"))
         try:
             for s in sizes:
                 # besides the store (allocated at start): the trainer's model, 2 replicas
@@ -411,24 +380,33 @@ def main(argv: list[str] | None = None) -> int:
                 if _available_bytes() < need:
                     have = _available_bytes() / 2**30
                     why = f"skipped: needs ~{need / 2**30:.0f} GiB, {have:.0f} GiB available"
-                    console.log(f"{s}: {why}")
+                    console().log(f"{s}: {why}")
                     results["publish"].append({"size": s, "skipped": why})
                     continue
-                console.log(f"publish: {s}")
+                console().log(f"publish: {s}")
                 results["publish"].append(
                     bench_publish(s, SIZES[s], args.replicas, args.repeats, args.ckpt_repeats, work)
                 )
         finally:
             shutil.rmtree(work, ignore_errors=True)
-            serve.shutdown()
-            ray.shutdown()
-    results["total_runtime_s"] = time.perf_counter() - t0
-    results["machine"] += f" -> load {os.getloadavg()}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    bench = parse_args(argv)
+    args = bench.args
+    cfg = load_config(args.config)
+    results: dict[str, Any] = {**bench.meta, "torch": torch.__version__}
+    if not args.skip_steps:
+        batches = [int(b) for b in args.batches.split(",")]
+        threads = [int(t) for t in args.threads.split(",")]
+        results["steps"] = bench_steps(cfg, batches, threads, args.step_repeats)
+        torch.set_num_threads(os.cpu_count() or 1)
+    sizes = [] if args.skip_publish else [s.strip() for s in args.sizes.split(",")]
+    results["publish"] = []
+    if sizes:
+        publish_sizes(args, sizes, results)
     render(results)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    console.print(f"wrote {args.out}; total {results['total_runtime_s']:.0f} s")
-    console.print(f"[bold]command:[/] {command}")
+    bench.write(results)
     return 0
 
 

@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/weight_load.py --device cpu --sizes 10M   (a dry run)
 
 A publication arrives as packed bytes in host memory (the object store's, pageable; see
-dart_ray/weights.py). This measures, on bf16 decoder-LM-shaped weights of 1B and 7B
+dart_ray/models/weights.py). This measures, on bf16 decoder-LM-shaped weights of 1B and 7B
 parameters (Qwen2-7B's shapes for 7B):
 
 - `load_into`: the path replicas take today, `param.copy_(host view)` per tensor (on CUDA:
@@ -15,28 +15,22 @@ parameters (Qwen2-7B's shapes for 7B):
   link's speed: what any load must at least take) and a device -> device copy (memory).
 
 Medians of `--repeats`, with min and max; ratio to the pinned floor. Only torch, numpy and
-dart_ray.weights are needed (no Ray), so it runs on a bare GPU machine. Writes JSON
+dart_ray.models.weights are needed (no Ray), so it runs on a bare GPU machine. Writes JSON
 (`--out`, default benchmarks/results/weight_load.json) and prints a table.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import platform
 import statistics
 import sys
-import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
+from harness import Bench, parser, timed
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from dart_ray.weights import load_into, load_into_staged, pack  # noqa: E402
+from dart_ray.models.weights import load_into, load_into_staged, pack
 
 # hidden, intermediate, layers, heads, kv heads, vocab (Qwen2-like decoder; tied = False)
 SHAPES = {
@@ -73,20 +67,10 @@ class Decoder(torch.nn.Module):
             self.layers.append(layer)
 
 
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed(fn: Callable[[], object], device: str, repeats: int) -> dict[str, float]:
-    fn()  # warm-up (allocations, CUDA context, pinned pool)
-    _sync(device)
-    xs = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        xs.append(time.perf_counter() - t0)
+def spread(fn: Callable[[], object], device: str, repeats: int) -> dict[str, float]:
+    """Median, min and max seconds of `fn` after a warm-up (allocations, CUDA context, pinned
+    pool), each timed until the device is done."""
+    xs = timed(fn, repeats, sync=torch.cuda.synchronize if device == "cuda" else None)
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
 
@@ -101,20 +85,22 @@ def run_size(size: str, device: str, repeats: int, dtype: torch.dtype) -> dict[s
     nbytes = packed.nbytes
     out: dict[str, Any] = {"size": size, "params": sum(v.numel() for v in source.values())}
     out["bytes"] = nbytes
-    out["load_into"] = timed(lambda: load_into(model, packed), device, repeats)
+    out["load_into"] = spread(lambda: load_into(model, packed), device, repeats)
     check = ["embed", "layers.0.q", "lm_head"]
     if device == "cuda":
-        out["load_into_staged"] = timed(lambda: load_into_staged(model, packed), device, repeats)
+        out["load_into_staged"] = spread(lambda: load_into_staged(model, packed), device, repeats)
         host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
         dev2 = torch.empty_like(dev)
-        out["floor_pinned_h2d"] = timed(lambda: dev.copy_(host, non_blocking=True), device, repeats)
-        out["floor_d2d"] = timed(lambda: dev2.copy_(dev), device, repeats)
+        out["floor_pinned_h2d"] = spread(
+            lambda: dev.copy_(host, non_blocking=True), device, repeats
+        )
+        out["floor_d2d"] = spread(lambda: dev2.copy_(dev), device, repeats)
         del host, dev, dev2
     else:
         flat = torch.empty(nbytes, dtype=torch.uint8)
         flat2 = torch.empty_like(flat)
-        out["floor_host_memcpy"] = timed(lambda: flat2.copy_(flat), device, repeats)
+        out["floor_host_memcpy"] = spread(lambda: flat2.copy_(flat), device, repeats)
     state = model.state_dict()
     out["exact"] = all(torch.equal(state[k].cpu(), source[k]) for k in check)
     floor = out.get("floor_pinned_h2d", out.get("floor_host_memcpy"))["median"]
@@ -126,15 +112,13 @@ def run_size(size: str, device: str, repeats: int, dtype: torch.dtype) -> dict[s
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__, "weight_load")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--sizes", default="1B,7B", help=f"of {','.join(SHAPES)}")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument(
-        "--out", type=Path, default=REPO / "benchmarks" / "results" / "weight_load.json"
-    )
-    a = ap.parse_args(argv)
+    bench = Bench.start(ap, argv)
+    a = bench.args
     if a.device == "cuda" and not torch.cuda.is_available():
         print(
             "--device cuda: no CUDA device here (use --device cpu for a dry run)", file=sys.stderr
@@ -150,8 +134,6 @@ def main(argv: list[str] | None = None) -> int:
         "dtype": a.dtype,
         "repeats": a.repeats,
     }
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps({"meta": meta, "results": rows}, indent=2) + "\n")
     print(
         f"weight load on {meta['device']} ({a.dtype}, median of {a.repeats}; x floor = / the floor)"
     )
@@ -171,11 +153,11 @@ def main(argv: list[str] | None = None) -> int:
                 x = f"{t['x_floor']:.2f}" if "x_floor" in t else "-"
                 print(f"{r['size']:>5} {r['bytes'] / 1e9:7.2f} {k:<22} {t['median']:9.4f} "
                       f"{t['min']:8.4f} {t['max']:8.4f} {x:>8}")  # fmt: skip
+    bench.write({"meta": meta, "results": rows})
+    for r in rows:
         if not r["exact"]:
             print(f"{r['size']}: the loaded weights differ from the source", file=sys.stderr)
-            return 1
-    print(f"wrote {a.out}")
-    return 0
+    return 0 if all(r["exact"] for r in rows) else 1
 
 
 if __name__ == "__main__":

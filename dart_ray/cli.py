@@ -24,10 +24,9 @@ from rich.console import Console
 from rich.table import Table
 
 from dart_ray.config import Config, ConfigError, field_docs, load_config, reference_markdown
+from dart_ray.config.masking import install_log_masking
 from dart_ray.envs.base import EnvInputError
-from dart_ray.masking import install_log_masking
 from dart_ray.store import StoreError, open_store
-from dart_ray.store.db import RowState
 from dart_ray.store.runs import get_run, latest_run
 
 DEFAULT_CONFIG = "configs/default.toml"
@@ -72,6 +71,8 @@ def cmd_db_init(args: argparse.Namespace, out: Console) -> int:
 
 
 def cmd_status(args: argparse.Namespace, out: Console) -> int:
+    from dart_ray.reporting.status import status_lines
+
     cfg = _load(args)
     store = open_store(cfg)
     try:
@@ -79,68 +80,17 @@ def cmd_status(args: argparse.Namespace, out: Console) -> int:
         run = get_run(store.engine, args.run) if args.run else latest_run(store.engine)
         if run is None:
             what = f"run {args.run!r}" if args.run else "any run"
-            out.print(f"no record of {what} in {where} (start one with `dart-ray train`)")
+            print(f"no record of {what} in {where} (start one with `dart-ray train`)")
             return 1 if args.run else 0
-        out.print(
-            f"[bold]run {run.run_id}[/] ({run.name}) {run.status}, started {run.started_at:%Y-%m-%d %H:%M:%S} UTC"
-        )
-        buf = store.log.buffer(run.run_id)
-        t = Table(
-            "version",
-            *(RowState.NAMES[s] for s in sorted(RowState.NAMES)),
-            title="trajectories in the log",
-        )
-        for v in sorted({v for v, _ in buf}):
-            t.add_row(str(v), *(str(buf.get((v, s), 0)) for s in sorted(RowState.NAMES)))
-        t.add_row(
-            "all",
-            *(str(sum(n for (_, st), n in buf.items() if st == s)) for s in sorted(RowState.NAMES)),
-            style="bold",
-        )
-        out.print(t)
-        drops = store.log.drops(run.run_id)
-        out.print(
-            "dropped by reason: "
-            + (", ".join(f"{k} {v}" for k, v in sorted(drops.items())) or "none")
-        )
-        stats = store.log.task_stats(run.run_id)
-        t = Table(
-            "task",
-            "attempts",
-            "successes",
-            "success rate",
-            "env failures",
-            "longest success",
-            title="per-task success",
-        )
-        for s in stats:
-            t.add_row(
-                s.task_id,
-                str(s.attempts),
-                str(s.successes),
-                f"{s.success_rate:.1%}",
-                str(s.failures_env),
-                str(s.success_steps_max),
-            )
-        out.print(t)
-        cp = store.checkpoints.latest(run.run_id, status=None)
-        done = store.checkpoints.latest(run.run_id)
-        if cp is None:
-            out.print("checkpoints: none yet")
-        else:
-            out.print(
-                f"newest checkpoint: {cp.version} {cp.status}"
-                + (f" ({cp.error})" if cp.error else "")
-            )
-            if done is not None and done.id != cp.id:
-                out.print(f"newest completed: {done.version} at {done.path}")
+        # plain print: a console would cut lines to its width when piped
+        print("\n".join(status_lines(store, run, tasks=args.tasks)))
         return 0
     finally:
         store.dispose()
 
 
 def cmd_audit(args: argparse.Namespace, out: Console) -> int:
-    from dart_ray.audit import audit, render
+    from dart_ray.store.audit import audit, render
 
     cfg = _load(args)
     store = open_store(cfg)
@@ -163,16 +113,17 @@ def cmd_report(args: argparse.Namespace, out: Console) -> int:
     """Redraw a run's figure and print its learning table from the log (and report.json)."""
     import dataclasses
 
-    from dart_ray.plots import wilson
-    from dart_ray.report import RunReport, heldout_line
-    from dart_ray.report_figures import (
+    from dart_ray.reporting.figures import (
         band_width,
         draw_curve,
         draw_system_figure,
         eval_point,
+        eval_refusal,
         heldout_points,
         sampled_points,
     )
+    from dart_ray.reporting.plots import wilson
+    from dart_ray.reporting.report import RunReport, heldout_line
 
     cfg = _load(args)
     store = open_store(cfg)
@@ -184,9 +135,19 @@ def cmd_report(args: argparse.Namespace, out: Console) -> int:
             return 2
         sampled = store.log.success_by_version(args.run)
         episodes = store.log.episode_intervals(args.run)
+        own = {Path(c.path).resolve() for c in store.checkpoints.list(args.run) if c.path}
     finally:
         store.dispose()
     run_dir = cfg.run.root_dir / args.run
+    base = run.config.get("policy", {}).get("model_path") or run_dir / "base-model"
+    own |= {Path(base).resolve(), *(p.resolve() for p in run_dir.glob("checkpoints/v*"))}
+    summaries = {f: json.loads(Path(f).read_text()) for f in args.eval}
+    for f, summary in summaries.items():
+        if (why := eval_refusal(summary, args.run, own)) is not None:
+            print(
+                f"dart-ray report: {f} is not a held-out point of this run: {why}", file=sys.stderr
+            )
+            return 2
     saved = run_dir / "report.json"
     names = {f.name for f in dataclasses.fields(RunReport)}
     if saved.is_file():
@@ -196,7 +157,7 @@ def cmd_report(args: argparse.Namespace, out: Console) -> int:
         report = RunReport.empty(args.run)
         report.versions = max(sampled, default=0)
     report.sampled = [[v, k, n] for v, (k, n) in sorted(sampled.items())]
-    evals = [eval_point(json.loads(Path(f).read_text())) for f in args.eval]
+    evals = [eval_point(summary) for summary in summaries.values()]
     curve = Path(args.out) if args.out else run_dir / "curve.png"
     figure = draw_curve(report, curve, evals=evals)
     system = draw_system_figure(report, episodes, curve.with_name(f"{curve.stem}-system.png")
@@ -324,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser("status", help="buffer health, per-task success, newest checkpoint")
     status.add_argument("--run", default=None, help="run id (default: the newest run)")
+    status.add_argument("--tasks", action="store_true", help="every task's success, not a summary")
     _add_config_args(status)
     status.set_defaults(fn=cmd_status)
 
@@ -351,9 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(rep)
     rep.set_defaults(fn=cmd_report)
 
-    from dart_ray.actions import MAX_PIXELS, MIN_PIXELS
-    from dart_ray.cli_train import add_parser as add_train
-    from dart_ray.cli_train import add_sft_eval
+    from dart_ray.run.command import add_parser as add_train
+    from dart_ray.run.command import add_sft_eval
+    from dart_ray.uitars.actions import MAX_PIXELS, MIN_PIXELS
 
     add_train(sub, _add_config_args, _load)
     add_sft_eval(sub, _add_config_args, _load)

@@ -1,4 +1,4 @@
-"""Probe a policy for where the label-to-button binding fails (dart_ray/probes.py).
+"""Probe a policy for where the label-to-button binding fails (dart_ray/evaluation/probes.py).
 
     .venv/bin/python scripts/probe_binding.py [--model fixtures/tiny-ground] [-c configs/learning.toml]
         [--train 400] [--heldout 300] [--json out.json]
@@ -22,8 +22,8 @@ sys.path.insert(0, str(ROOT))
 
 from dart_ray.config import load_config  # noqa: E402
 from dart_ray.envs.minidesk.generate import load_tasks  # noqa: E402
+from dart_ray.evaluation.probes import read_screens, run_probes  # noqa: E402
 from dart_ray.models.loading import PolicyProcessor, load_model  # noqa: E402
-from dart_ray.probes import read_screens, run_probes  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,14 +13,14 @@ replicas run the TimingEngine, which takes as long as a 7B model on GPUs without
 Weights: `update_weights(version, [ObjectRef])`, sent to any one replica, records the publish
 in a deployment-scoped `WeightRegistry` (so replicas that start later load it first) and
 fans `load_weights` out to every live replica with `handle.broadcast`. Each replica loads the
-packed tensors in place from the object store (zero-copy, see `dart_ray.weights`); requests
+packed tensors in place from the object store (zero-copy, see `dart_ray.models.weights`); requests
 in flight finish on the version they started with (`VersionGate`), and every `Generation`
 carries the version that produced it. The call returns each replica's version.
 
 Security: HTTP binds to `policy.http_host` (127.0.0.1 unless configured), and with
 `policy.auth_token_file` or `policy.auth_token_env` set every route but `/health` needs
 `Authorization: Bearer <token>` (compared in constant time), the token read in the replica.
-The token is never logged (`dart_ray.masking`). A malformed body gets 400 naming the field.
+The token is never logged (`dart_ray.config.masking`). A malformed body gets 400 naming the field.
 
 (No `from __future__ import annotations` here: FastAPI must see `Request` as a real class on
 the ingress methods, or it takes `request` for a query parameter.)
@@ -58,8 +58,8 @@ from dart_ray.engines.base import (
 from dart_ray.engines.batching import Batcher
 from dart_ray.engines.timing import TimingEngine
 from dart_ray.models.loading import check_model_dir
-from dart_ray.prompts import BadRequest, from_openai
-from dart_ray.weights import PackedWeights
+from dart_ray.models.weights import PackedWeights
+from dart_ray.uitars.prompts import BadRequest, from_openai
 from serve_apps.weight_registry import WeightRegistry
 
 log = logging.getLogger("ray.serve")

@@ -7,7 +7,7 @@ import io
 from PIL import Image, ImageDraw
 
 from dart_ray.engines.base import GenerateRequest, SamplingParams
-from dart_ray.prompts import Turn, build_messages
+from dart_ray.uitars.prompts import Turn, build_messages
 
 
 def png(color: tuple[int, int, int], size: tuple[int, int] = (112, 112), box: int = 0) -> bytes:

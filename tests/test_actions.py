@@ -9,7 +9,8 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
     smart_resize as hf_smart_resize,
 )
 
-from dart_ray.actions import (
+from dart_ray.records import Action, ActionKind
+from dart_ray.uitars.actions import (
     MAX_PIXELS,
     MIN_PIXELS,
     CoordinateMap,
@@ -19,7 +20,6 @@ from dart_ray.actions import (
     parse_response,
     smart_resize,
 )
-from dart_ray.records import Action, ActionKind
 
 
 def test_smart_resize_hand_numbers() -> None:

@@ -8,9 +8,9 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from dart_ray.audit import audit
 from dart_ray.cli import main
 from dart_ray.store import BlobStore, CheckpointRegistry, DurableLog, EpisodeLedger, EpisodeStart
+from dart_ray.store.audit import audit
 from dart_ray.store.db import RetryPolicy, dataset_usage_events, rollout_run
 from dart_ray.store.episodes import log_unfinished
 from dart_ray.store.runs import register_run

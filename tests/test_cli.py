@@ -59,11 +59,13 @@ def test_db_init_and_status(
         assert main(["status", "--run", "run-a", *overrides]) == 0
         out = capsys.readouterr().out
         assert "run run-a (demo) RUNNING" in out
-        assert "trajectories in the log" in out and "per-task success" in out
         # 13 rows: 5 claimed, 3 acked, 1 dropped -> consumed 3, claimed 1, dropped 1, available 8
-        rows = [[c.strip() for c in line.split("│")] for line in out.splitlines()]
-        assert next(r[2:6] for r in rows if r[1:2] == ["all"]) == ["8", "1", "3", "1"]
+        assert (
+            "log: 13 trajectories, versions 0-2: available 8, claimed 1, consumed 3, dropped 1"
+        ) in out
         assert "dropped by reason: stale 1" in out
+        # few tasks: each listed (task-0: t0, t2, ..., t10 -> 6 attempts, t0 and t6 succeed)
+        assert "task-0         6          2    33.3%             1" in out
         assert "newest checkpoint: v1 COMPLETED" in out
         assert main(["status", "--run", "nope", *overrides]) == 1
         # the learning figure and table, redrawn from the log (no report.json yet)
@@ -147,7 +149,7 @@ def test_model_init_writes_a_loadable_model(tmp_path, capsys) -> None:  # type: 
 def test_a_part_rejecting_the_config_inside_ray_is_one_line(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
     """A session that cannot be built (here: a desktop too small) fails inside a Ray actor;
     the command says why in one line, exit 2, no traceback."""
-    import dart_ray.cli_train as cli_train
+    import dart_ray.run.command as cli_train
     from dart_ray.cli import main
     from dart_ray.envs.base import EnvInputError
 
@@ -210,3 +212,108 @@ def test_known_raylet_notices_are_dropped_and_the_rest_printed(capsys) -> None: 
         assert "PYTHON worker processes" not in out and "ray.kill" not in out
     finally:
         worker.print_to_stdstream = original
+
+
+def test_status_fits_a_screen_and_survives_a_pipe(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """300 tasks of two families: the summary is a screen (families, the 5 worst and 5 best
+    tasks), `--tasks` lists all 300, and a task id is never cut (captured output is a pipe:
+    a table fitted to 80 columns cut them to `minidesk/c...`, and printed 1,211 lines for the
+    default run)."""
+    overrides = [f"run.root_dir={tmp_path}"]
+    cfg = load_config(None, overrides)
+    store = open_store(cfg, init=True)
+    register_run(store.engine, "run-b", "wide", cfg.redacted())
+    items = []
+    for k in range(300):
+        fam = "click-target" if k < 200 else "menu-command"
+        tid = f"minidesk/{fam}/t1/{k}"
+        for i in range(2):  # task k succeeds k % 3 of its 2 attempts (at most 2)
+            t = make_trajectory(f"{k}-{i}", run_id="run-b", task_id=tid, reward=float(i < k % 3))
+            items.append((t, f"/b/{k}-{i}"))
+    store.log.append_many(items)
+    store.dispose()
+    assert main(["status", "--run", "run-b", *overrides]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert len(lines) < 30, out
+    # k = 0..199: k % 3 is 0, 1, 2 for 67, 67, 66 tasks -> 0 + 67 + 132 = 199 of 400 successes;
+    # k = 200..299: 33, 33, 34 tasks (200 % 3 = 2 first) -> 0 + 33 + 68 = 101 of 200
+    assert "minidesk/click-target    200       400    49.8%" in out
+    assert "minidesk/menu-command    100       200    50.5%" in out
+    assert "worst 5 and best 5 of 300 tasks tried:" in out
+    assert "minidesk/click-target/t1/0" in out  # worst: 0 of 2, id whole
+    assert "minidesk/menu-command/t1/299" in out  # best: 2 of 2 (299 % 3 = 2), id whole
+    assert main(["status", "--run", "run-b", "--tasks", *overrides]) == 0
+    out = capsys.readouterr().out
+    assert (
+        sum(line.startswith("  minidesk/") and "/t1/" in line for line in out.splitlines()) == 300
+    )
+
+
+def test_report_refuses_an_evaluation_that_is_not_this_runs_greedy_point(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`dart-ray report RUN --eval X.json` plotted any evaluation as the run's held-out point
+    at the version its folder name gave. Now the checkpoint must be one of the run's and the
+    evaluation greedy; otherwise it is refused with the reason."""
+    import json
+
+    overrides = [f"run.root_dir={tmp_path}"]
+    _populate(overrides)  # run-a's checkpoint v1 lives at /ckpt/v1
+
+    def ev(name: str, checkpoint: str, sampling: str = "greedy") -> str:
+        f = tmp_path / f"{name}.json"
+        summary = {"checkpoint": checkpoint, "tasks": 10, "success": 0.5, "sampling": sampling}
+        f.write_text(json.dumps(summary))
+        return str(f)
+
+    other = ev("other", str(tmp_path / "other-run" / "checkpoints" / "v1"))
+    assert main(["report", "run-a", *overrides, "--eval", other]) == 2
+    assert "which is not a checkpoint of run run-a" in capsys.readouterr().err
+    sampled = ev("sampled", "/ckpt/v1", "sampled (temperature 1, top-p 0.8)")
+    assert main(["report", "run-a", *overrides, "--eval", sampled]) == 2
+    assert "sampled (temperature 1, top-p 0.8) evaluation" in capsys.readouterr().err
+    own = ev("own", "/ckpt/v1")
+    assert main(["report", "run-a", *overrides, "--eval", own]) == 0
+    assert "held out at v1: 50.0% (23.7%-76.3%, 10 tasks)" in capsys.readouterr().out
+
+
+def test_the_versions_line_shows_count_and_rate_not_the_cap() -> None:
+    """The versions bar read `195/10000`: run.max_versions is a cap, not a goal."""
+    from rich.console import Console
+
+    from dart_ray.run.command import make_progress
+
+    console = Console(record=True, width=80, force_terminal=False)
+    progress = make_progress(console)
+    task = progress.add_task("versions", total=None)
+    progress.update(task, completed=195)
+    progress.tasks[0].start_time -= 480.0  # type: ignore[operator]  # 8 minutes in
+    with progress:
+        pass
+    text = console.export_text()
+    assert "versions" in text and "195 (24.4/min)" in text and "/10000" not in text
+
+
+def test_eval_says_greedy_or_sampled_and_pass_at_k(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`dart-ray eval --samples 2` printed `success 35.0%` for a sampled rate without saying
+    so (greedy on the same tasks: 60%). Now the line and the JSON say how it was decoded."""
+    import json
+
+    args = ["eval", "--checkpoint", str(tiny_model_dir), "--tasks", "3"]
+    cfg = ["rollout.max_steps=1", "policy.max_new_tokens=8", f"run.root_dir={tmp_path}"]
+    greedy, sampled = tmp_path / "greedy.json", tmp_path / "sampled.json"
+    assert main([*args, "--json", str(greedy), *cfg]) == 0
+    out = capsys.readouterr().out
+    assert "greedy success " in out and "over 3 tasks" in out and "pass@" not in out
+    assert json.loads(greedy.read_text())["sampling"] == "greedy"
+    assert main([*args, "--samples", "2", "--json", str(sampled), *cfg]) == 0
+    out = capsys.readouterr().out
+    assert "sampled (temperature 1, top-p 0.8), 2 episodes per task: success per episode" in out
+    assert "pass@2" in out
+    summary = json.loads(sampled.read_text())
+    assert summary["sampling"] == "sampled (temperature 1, top-p 0.8)" and summary["episodes"] == 6

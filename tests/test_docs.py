@@ -190,7 +190,7 @@ def _cli_parses(cmd: str) -> None:
 HOW: dict[str, How] = {
     # run as written
     r"dart-ray config show( --docs)?( --config configs/[\w.-]+\.toml)?": How("run"),
-    r"(\.venv/bin/)?dart-ray status": How("run"),
+    r"(\.venv/bin/)?dart-ray status( --tasks)?": How("run"),
     r"(\.venv/bin/)?dart-ray report my-run( --out \S+)?": How("run"),
     r"dart-ray config show '[^']*' \| grep \w+": How("run"),
     r"dart-ray model init --out models/tiny\d?( --seed \d+)?( --min-pixels \d+)?( --max-pixels \d+)?"
@@ -367,7 +367,9 @@ def test_doc_command_runs(where: str, cmd: str, scratch: Path) -> None:
     p = _run(cmd, scratch)
     assert p.returncode == 0, f"{where}: {cmd}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     if cmd.endswith("dart-ray status"):
-        assert f"run {RUN_ID}" in p.stdout and "per-task success" in p.stdout
+        assert f"run {RUN_ID}" in p.stdout and "log: " in p.stdout
+    if cmd.endswith("status --tasks"):
+        assert "every task (" in p.stdout, p.stdout
     if "example-not-a-secret" in cmd:  # SECURITY.md: the password is masked
         assert "example-not-a-secret" not in p.stdout and "***" in p.stdout
 
@@ -400,3 +402,30 @@ def test_doc_command_is_checked(where: str, cmd: str) -> None:
     check = _how(cmd).check
     assert check is not None
     check(cmd)
+
+
+def test_the_data_flow_picture_is_current_and_names_real_modules() -> None:
+    """docs/CONCEPTS.md opens with docs/img/dataflow.svg, which scripts/draw_dataflow.py
+    draws: the checked-in SVG shows exactly the script's texts (titles, labels, modules;
+    the shapes may differ by matplotlib version), and every module it names exists."""
+    import importlib.util
+    import xml.etree.ElementTree as ET
+
+    spec = importlib.util.spec_from_file_location("draw", REPO / "scripts" / "draw_dataflow.py")
+    assert spec is not None and spec.loader is not None
+    draw = importlib.util.module_from_spec(spec)
+    import sys
+
+    sys.modules["draw"] = draw  # dataclasses look their module up
+    spec.loader.exec_module(draw)
+    svg = ET.parse(REPO / "docs" / "img" / "dataflow.svg")
+    shown = {
+        "".join(t.itertext()) for t in svg.iter() if t.tag.endswith("}text") or t.tag == "text"
+    }
+    # matplotlib writes each line of a text as an element of its own
+    assert shown == {line for t in draw.texts() for line in t.split("\n")}, (
+        "regenerate: .venv/bin/python scripts/draw_dataflow.py"
+    )
+    missing = [m for m in draw.modules() if not (REPO / m).exists()]
+    assert missing == []
+    assert (REPO / "docs" / "CONCEPTS.md").read_text().splitlines()[2].startswith("![The data flow")

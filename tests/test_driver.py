@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from dart_ray import driver
 from dart_ray.config import load_config
+from dart_ray.run import driver
 from dart_ray.store import open_store
 from dart_ray.store.db import RowState, checkpoint, dataset_usage_events, rollout_run
 

@@ -44,8 +44,8 @@ def _gpu_overrides(n_gpus: int) -> list[str]:
 
 @pytest.mark.usefixtures("ray_local")
 def test_vllm_and_nccl_fsdp2_with_weights_synced_in_place(tmp_path: Path) -> None:
-    from dart_ray import driver
     from dart_ray.config import load_config
+    from dart_ray.run import driver
     from dart_ray.store import open_store
     from dart_ray.store.db import checkpoint, rollout_run
 

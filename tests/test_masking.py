@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dart_ray.config import read_secret
-from dart_ray.masking import MASK, install_log_masking, mask_text, remember
+from dart_ray.config.masking import MASK, install_log_masking, mask_text, remember
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The binding probes (dart_ray/probes.py): the probe fits what is there and nothing else,
+"""The binding probes (dart_ray/evaluation/probes.py): the probe fits what is there and nothing else,
 and the screens it reads are the ones the policy sees."""
 
 from __future__ import annotations
@@ -9,8 +9,14 @@ import torch
 
 from dart_ray.config import load_config
 from dart_ray.envs.minidesk.generate import load_tasks
+from dart_ray.evaluation.probes import (
+    MERGE_PX,
+    first_coordinate_index,
+    fit_probe,
+    read_screens,
+    run_probes,
+)
 from dart_ray.models.loading import PolicyProcessor, load_model
-from dart_ray.probes import MERGE_PX, first_coordinate_index, fit_probe, read_screens, run_probes
 
 REPO = Path(__file__).resolve().parents[1]
 

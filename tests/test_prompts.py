@@ -6,7 +6,7 @@ import base64
 
 import pytest
 
-from dart_ray.prompts import (
+from dart_ray.uitars.prompts import (
     COMPUTER_USE_PROMPT,
     SYSTEM_PROMPT,
     BadRequest,

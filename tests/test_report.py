@@ -6,7 +6,7 @@ from datetime import UTC
 
 import pytest
 
-from dart_ray.report import off_policy_by_version
+from dart_ray.reporting.report import off_policy_by_version
 
 
 def test_off_policy_metrics_are_averaged_per_version() -> None:
@@ -32,7 +32,7 @@ def test_off_policy_metrics_are_averaged_per_version() -> None:
 
 
 def test_wilson_and_delta_intervals_on_hand_numbers() -> None:
-    from dart_ray.plots import delta_interval, wilson
+    from dart_ray.reporting.plots import delta_interval, wilson
 
     # 0 of 10: centre (0 + 1.9208/10) / 1.38415 = 0.13877, half-width
     # 1.96 * sqrt(0 + 3.8415/400) / 1.38415 = 0.13877 -> [0, 0.2775]
@@ -44,7 +44,7 @@ def test_wilson_and_delta_intervals_on_hand_numbers() -> None:
 
 
 def test_bands_pool_versions() -> None:
-    from dart_ray.plots import Point, bands
+    from dart_ray.reporting.plots import Point, bands
 
     # width 2: versions 0-1 -> 3 of 8, versions 2-3 -> 1 of 2 (version 3 has no episodes)
     got = bands({0: (1, 4), 1: (2, 4), 2: (1, 2)}, 2)
@@ -54,8 +54,8 @@ def test_bands_pool_versions() -> None:
 def test_the_report_line_and_figure(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from PIL import Image
 
-    from dart_ray.report import RunReport, heldout_line
-    from dart_ray.report_figures import draw_curve
+    from dart_ray.reporting.figures import draw_curve
+    from dart_ray.reporting.report import RunReport, heldout_line
 
     r = RunReport.empty("run-x")
     r.heldout_before, r.heldout_after, r.heldout_tasks, r.versions = 0.3, 0.5, 100, 40
@@ -69,7 +69,7 @@ def test_the_report_line_and_figure(tmp_path) -> None:  # type: ignore[no-untype
 
 
 def test_utilisation_by_hand() -> None:
-    from dart_ray.plots import utilisation
+    from dart_ray.reporting.plots import utilisation
 
     # two sessions; bins [0, 10) and [10, 20): busy 10 + 5 of 20 session-seconds, then 5 of 20
     assert utilisation([(0, 10), (5, 15)], 2, 0, 20, 2) == [(5.0, 0.75), (15.0, 0.25)]
@@ -83,8 +83,8 @@ def test_the_system_figure(tmp_path) -> None:  # type: ignore[no-untyped-def]
 
     from PIL import Image
 
-    from dart_ray.report import RunReport
-    from dart_ray.report_figures import draw_system_figure
+    from dart_ray.reporting.figures import draw_system_figure
+    from dart_ray.reporting.report import RunReport
 
     r = RunReport.empty("run-x")
     r.sessions = 2

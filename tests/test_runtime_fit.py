@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from dart_ray import runtime
 from dart_ray.config import ConfigError, load_config
+from dart_ray.run import runtime
 
 
 def _config(*overrides: str):  # type: ignore[no-untyped-def]
@@ -42,7 +42,7 @@ def test_too_many_sessions_for_a_local_ray_is_a_config_error(monkeypatch) -> Non
 
 def test_on_a_cluster_it_waits_for_the_autoscaler(monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setattr(runtime.ray, "cluster_resources", lambda: {"CPU": 2.0})
-    with caplog.at_level(logging.WARNING, logger="dart_ray.runtime"):
+    with caplog.at_level(logging.WARNING, logger="dart_ray.run.runtime"):
         runtime.check_fits(_config("cluster.address=auto"))
     assert "waiting for the autoscaler" in caplog.text
 
@@ -55,7 +55,7 @@ def test_a_cluster_without_the_env_resource_is_named_at_once_and_fails_after_the
     cfg = _config("cluster.address=auto", "cluster.resource_wait_s=6")
     slept: list[float] = []
     with (
-        caplog.at_level(logging.WARNING, logger="dart_ray.runtime"),
+        caplog.at_level(logging.WARNING, logger="dart_ray.run.runtime"),
         pytest.raises(ConfigError, match=r"resource 'env'.*--resources=.*env.resource=\"\"") as e,
     ):
         runtime.wait_for_env_resource(cfg, lambda: {"CPU": 8.0}, slept.append)
@@ -70,3 +70,31 @@ def test_a_cluster_without_the_env_resource_is_named_at_once_and_fails_after_the
     # a local Ray that lacks it (never: start_ray adds it) fails at once, without waiting
     with pytest.raises(ConfigError, match="resource 'env'"):
         runtime.wait_for_env_resource(_config(), dict, lambda _: pytest.fail("waited"))
+
+
+def test_a_failed_pre_flight_leaves_no_run_folder(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The run does not fit: `runtime.start` fails before anything starts, the log records
+    the run FAILED, and no empty `runs/<run_id>/` is left behind (there was one)."""
+    from dart_ray.store import open_store
+    from dart_ray.store.runs import get_run
+
+    monkeypatch.setattr(runtime, "start_ray", lambda config: None)
+    monkeypatch.setattr(runtime.ray, "cluster_resources", lambda: {"CPU": 2.0})
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cfg = _config(
+        f"run.root_dir={tmp_path}",
+        "run.run_id=nofit",
+        "policy.model_path=fixtures/tiny-target",
+        f"policy.http_port={port}",
+    )
+    with pytest.raises(ConfigError, match="reserves"):
+        runtime.start(cfg)
+    assert not (tmp_path / "nofit").exists()
+    store = open_store(cfg)
+    run = get_run(store.engine, "nofit")
+    store.dispose()
+    assert run is not None and run.status == "FAILED"

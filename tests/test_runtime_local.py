@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 PROBE = """
 import json, sys, ray
-from dart_ray import runtime
+from dart_ray.run import runtime
 from dart_ray.config import load_config
 runtime.start_ray(load_config(None, sys.argv[1:]))
 res = ray.cluster_resources()

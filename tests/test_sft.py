@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dart_ray.actions import CoordinateMap, parse_response
 from dart_ray.config import EnvConfig
 from dart_ray.envs.minidesk.generate import make_task
 from dart_ray.models.loading import PolicyProcessor
 from dart_ray.records import ActionKind
-from dart_ray.sft import demonstrations
+from dart_ray.uitars.actions import CoordinateMap, parse_response
+from dart_ray.warmstart.sft import demonstrations
 
 TINY = Path(__file__).resolve().parents[1] / "fixtures" / "tiny-sft"
 
@@ -41,7 +41,7 @@ def test_save_every_writes_the_snapshots_of_one_run(tmp_path: Path) -> None:
     """`--save-every 2` over 5 steps: OUT-step2 and OUT-step4 beside OUT, each a loadable model
     holding the weights of its step (they differ from each other and from the final ones)."""
     from dart_ray.models.loading import load_model
-    from dart_ray.sft import sft
+    from dart_ray.warmstart.sft import sft
 
     tasks = [make_task("click-button", 1, seed) for seed in range(4)]
     out = tmp_path / "warm"

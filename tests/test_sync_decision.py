@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dart_ray.driver import sync_groups_needed
+from dart_ray.run.driver import sync_groups_needed
 
 
 def curator(**kw: int) -> dict[str, int]:

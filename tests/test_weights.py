@@ -10,7 +10,7 @@ import ray
 import torch
 
 from dart_ray.models.loading import load_model
-from dart_ray.weights import PackedWeights, load_into, pack, share_into, unpack
+from dart_ray.models.weights import PackedWeights, load_into, pack, share_into, unpack
 
 
 def test_pack_unpack_is_exact_for_every_dtype() -> None:
@@ -118,7 +118,7 @@ def _mixed_model() -> torch.nn.Module:
 
 
 def test_staged_load_is_load_into_off_cuda() -> None:
-    from dart_ray.weights import load_into_staged
+    from dart_ray.models.weights import load_into_staged
 
     model, src = _mixed_model(), _mixed_model()
     assert load_into_staged(model, pack(src.state_dict())) == sum(
@@ -133,7 +133,7 @@ def test_staged_load_is_load_into_off_cuda() -> None:
 def test_staged_load_through_pinned_buffers_is_exact() -> None:
     """Chunks of 4 KiB: tensors span several buffers and small ones share one; every byte
     lands in the parameters it belongs to, in place."""
-    from dart_ray.weights import load_into_staged
+    from dart_ray.models.weights import load_into_staged
 
     model, src = _mixed_model().cuda(), _mixed_model()
     ptr = model[0].weight.data_ptr()
@@ -149,7 +149,7 @@ import numpy as np, ray
 os.environ["RAY_preallocate_plasma_memory"] = "1"
 ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False,
          object_store_memory=400 * 2**20, _node_ip_address="127.0.0.1")
-from dart_ray.weights import warm_object_store
+from dart_ray.models.weights import warm_object_store
 weights = np.ones(48 * 2**20, dtype=np.uint8)
 
 def faults_per_put(n):
@@ -163,7 +163,7 @@ def faults_per_put(n):
 
 cold = faults_per_put(3)
 del cold[1:]  # the first of them faults for sure; the next may land on its pages
-from dart_ray.weights import _free_store_bytes
+from dart_ray.models.weights import _free_store_bytes
 import time
 while _free_store_bytes() < 390 * 2**20:  # the store frees the cold puts asynchronously
     time.sleep(0.1)

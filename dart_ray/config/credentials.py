@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dart_ray.config.base import ConfigError
-from dart_ray.masking import MASK, mask_text, remember
+from dart_ray.config.masking import MASK, mask_text, remember
 
 SECRET_KEY = re.compile(r"(password|passwd|secret|token|api_key|apikey)", re.I)
 _SECRET_REFERENCE = re.compile(r"_(env|file)$")
@@ -18,7 +18,7 @@ _SECRET_REFERENCE = re.compile(r"_(env|file)$")
 
 def redact(obj: Any, key: str = "") -> Any:
     """Mask values under secret-looking keys, passwords inside URLs and every secret this
-    process has read (`dart_ray.masking`), recursively.
+    process has read (`dart_ray.config.masking`), recursively.
 
     Keys ending in `_env`/`_file` name where a secret lives, not the secret, and stay.
     """
@@ -36,7 +36,7 @@ def redact(obj: Any, key: str = "") -> Any:
 def read_secret(env: str | None, file: Path | None) -> str | None:
     """A secret from a file (first line) or an environment variable; None if neither is set.
 
-    The secret is remembered for masking (`dart_ray.masking`): this process never logs it.
+    The secret is remembered for masking (`dart_ray.config.masking`): this process never logs it.
     """
     secret = None
     if file is not None:

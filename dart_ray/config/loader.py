@@ -11,8 +11,8 @@ from pydantic import ValidationError
 
 from dart_ray.config.base import ConfigError
 from dart_ray.config.credentials import SECRET_KEY, redact
+from dart_ray.config.masking import MASK
 from dart_ray.config.tree import Config
-from dart_ray.masking import MASK
 
 
 def _parse_value(raw: str) -> Any:

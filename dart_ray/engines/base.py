@@ -38,8 +38,8 @@ from PIL import Image
 
 from dart_ray.algo.sampling import SamplingSpec
 from dart_ray.models.loading import EncodedPrompt
-from dart_ray.prompts import ChatMessage
-from dart_ray.weights import PackedWeights
+from dart_ray.models.weights import PackedWeights
+from dart_ray.uitars.prompts import ChatMessage
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,7 +52,7 @@ from dart_ray.engines.base import (
     versions_per_token,
 )
 from dart_ray.models.loading import EncodedPrompt, PolicyProcessor, load_model
-from dart_ray.weights import PackedWeights, load_into, share_into
+from dart_ray.models.weights import PackedWeights, load_into, share_into
 
 
 class _Sampler(LogitsProcessor):

@@ -42,7 +42,6 @@ from dataclasses import dataclass, field
 
 from PIL import Image
 
-from dart_ray.actions import format_response
 from dart_ray.config.timing import TimingConfig
 from dart_ray.engines.base import (
     Engine,
@@ -53,8 +52,9 @@ from dart_ray.engines.base import (
     SamplingParams,
     VersionGate,
 )
+from dart_ray.models.weights import PackedWeights
 from dart_ray.records import Action, ActionKind
-from dart_ray.weights import PackedWeights
+from dart_ray.uitars.actions import format_response
 
 BYTE_LOGPROB = -math.log(256)
 

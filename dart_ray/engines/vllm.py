@@ -37,7 +37,7 @@ from dart_ray.engines.base import (
     SamplingParams,
 )
 from dart_ray.models.loading import PolicyProcessor, check_model_dir
-from dart_ray.weights import PackedWeights
+from dart_ray.models.weights import PackedWeights
 
 WORKER_EXTENSION = "dart_ray.engines.vllm_worker.WeightLoaderExtension"
 SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
@@ -142,7 +142,7 @@ class VLLMEngine(Engine):
         )
 
     def _model_size(self, width: int, height: int) -> tuple[int, int]:
-        from dart_ray.actions import smart_resize
+        from dart_ray.uitars.actions import smart_resize
 
         p = self.processor
         h, w = smart_resize(height, width, 28, p.min_pixels, p.max_pixels)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dart_ray.weights import _DTYPES
+from dart_ray.models.weights import _DTYPES
 
 
 def _tensors(path: str, metas: list[tuple[str, str, list[int], int]]) -> Iterator[tuple[str, Any]]:

@@ -11,8 +11,8 @@ and names, as an `InvalidAction`, what cannot be pressed.
 
 from __future__ import annotations
 
-from dart_ray.actions import split_keys
 from dart_ray.envs.base import InvalidAction
+from dart_ray.uitars.actions import split_keys
 
 try:
     from miniwob.constants import ASCII_CHARSET, DEFAULT_ALLOWED_KEYS

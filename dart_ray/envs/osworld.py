@@ -39,6 +39,7 @@ from typing import Any
 import psutil
 
 from dart_ray.config import EnvConfig, read_secret
+from dart_ray.config.masking import remember
 from dart_ray.envs import osworld_eval
 from dart_ray.envs.base import (
     Env,
@@ -52,7 +53,6 @@ from dart_ray.envs.base import (
 from dart_ray.envs.osworld_client import EmulatorPool, EnvProtocolError, OSWorldClient
 from dart_ray.envs.pyautogui_code import DONE, FAIL, WAIT, UnsafeAction, to_code
 from dart_ray.envs.taskfile import TaskFileError, check_task_id
-from dart_ray.masking import remember
 from dart_ray.records import Action, Observation, Task
 
 

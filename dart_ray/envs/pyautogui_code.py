@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 import string
 
-from dart_ray.actions import split_keys
 from dart_ray.records import Action, ActionKind
+from dart_ray.uitars.actions import split_keys
 
 WAIT, DONE, FAIL = "WAIT", "DONE", "FAIL"
 PREAMBLE = "import pyautogui, time; pyautogui.FAILSAFE = False; "

@@ -23,7 +23,7 @@ from PIL import Image, UnidentifiedImageError
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen2_5_VLForConditionalGeneration
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-from dart_ray.prompts import BadRequest, ChatMessage, to_template
+from dart_ray.uitars.prompts import BadRequest, ChatMessage, to_template
 
 SUPPORTED_MODEL_TYPES = ("qwen2_5_vl",)
 FORBIDDEN_IN_TEXT = (

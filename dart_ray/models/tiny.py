@@ -32,7 +32,7 @@ from transformers import (
 )
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-from dart_ray.actions import MAX_PIXELS, MIN_PIXELS
+from dart_ray.uitars.actions import MAX_PIXELS, MIN_PIXELS
 
 SPECIAL_TOKENS = (
     "<|endoftext|>",
@@ -113,7 +113,7 @@ def mrope_section(head_dim: int) -> list[int]:
 
 def _corpus() -> list[str]:
     """Text like what the policy reads and writes, to give the BPE merges something to learn."""
-    from dart_ray.prompts import COMPUTER_USE_PROMPT
+    from dart_ray.uitars.prompts import COMPUTER_USE_PROMPT
 
     lines = [COMPUTER_USE_PROMPT.format(instruction="open the settings and turn on dark mode")]
     verbs = ("click", "open", "close", "select", "type in")

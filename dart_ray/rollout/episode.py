@@ -31,7 +31,6 @@ from typing import Literal, Protocol
 
 import ray
 
-from dart_ray.actions import CoordinateMap, parse_response
 from dart_ray.engines.base import GenerateRequest, Generation, SamplingParams
 from dart_ray.envs.base import (
     INVALID_EVENT,
@@ -42,8 +41,9 @@ from dart_ray.envs.base import (
     error_message,
     invalid_reason,
 )
-from dart_ray.prompts import Turn, build_messages
 from dart_ray.records import Action, ActionKind, Observation, Status, Step, Task, Trajectory
+from dart_ray.uitars.actions import CoordinateMap, parse_response
+from dart_ray.uitars.prompts import Turn, build_messages
 
 log = logging.getLogger(__name__)
 

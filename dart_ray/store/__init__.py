@@ -16,7 +16,7 @@ from sqlalchemy.engine import URL, Engine
 from sqlalchemy.exc import DBAPIError
 
 from dart_ray.config import Config, ConfigError, read_secret
-from dart_ray.masking import remember
+from dart_ray.config.masking import remember
 from dart_ray.store.blobs import BlobStore
 from dart_ray.store.checkpoints import CheckpointRegistry
 from dart_ray.store.db import (

@@ -25,7 +25,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from dart_ray.masking import mask_text
+from dart_ray.config.masking import mask_text
 from dart_ray.store.clock import utcnow
 from dart_ray.store.db import RetryPolicy, checkpoint
 

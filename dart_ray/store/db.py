@@ -26,7 +26,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 
-from dart_ray.masking import mask_text
+from dart_ray.config.masking import mask_text
 
 log = logging.getLogger(__name__)
 

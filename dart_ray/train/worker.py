@@ -47,13 +47,13 @@ from torch.distributed.checkpoint.state_dict import (
 from dart_ray.config import Config
 from dart_ray.data.batches import TOKEN_LAG, token_lags
 from dart_ray.models.loading import PolicyProcessor, load_model
+from dart_ray.models.weights import pack, warm_object_store
 from dart_ray.store import Claim, Store, open_store
 from dart_ray.train.checkpointing import TrainerState, read_trainer_state, save_checkpoint
 from dart_ray.train.fsdp import comm_device, full_state_dict, shard_model
 from dart_ray.train.learner import Learner, loss_settings
 from dart_ray.train.leases import LeaseKeeper
 from dart_ray.train.timing import timed_step
-from dart_ray.weights import pack, warm_object_store
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,7 @@ import time
 import pytest
 import ray
 
-from actors.env_host import HostedSession, actors_of, address, resolve_session
-from actors.env_session import start_sessions
+from actors.env_host import HostedSession, actors_of, address, resolve_session, start_sessions
 from dart_ray.config import EnvConfig, EnvLatency
 from dart_ray.envs.minidesk.generate import make_task
 from dart_ray.records import Action, ActionKind, Observation

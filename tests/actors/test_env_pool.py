@@ -137,7 +137,7 @@ def test_a_rollouter_plays_on_sessions_it_is_given(tiny_model_dir: Path, tmp_pat
     """The real rollouter's side: a session added before `run` takes episodes too."""
     from ray import serve
 
-    from actors.env_session import start_sessions
+    from actors.env_host import start_sessions
     from actors.rollouter import Rollouter
     from dart_ray.envs.minidesk.generate import load_tasks
     from dart_ray.store import open_store

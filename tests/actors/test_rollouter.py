@@ -11,7 +11,7 @@ import pytest
 import ray
 from ray import serve
 
-from actors.env_session import start_sessions
+from actors.env_host import start_sessions
 from actors.rollouter import Rollouter
 from dart_ray.config import load_config
 from dart_ray.envs.minidesk.generate import load_tasks

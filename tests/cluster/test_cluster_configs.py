@@ -21,7 +21,7 @@ from ray.autoscaler._private.util import prepare_config, validate_config
 from actors.env_session import session_options
 from dart_ray.cli import build_parser
 from dart_ray.config import Config, load_config
-from dart_ray.runtime import _worker_resources
+from dart_ray.run.runtime import _worker_resources
 from serve_apps.policy import build_app
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from dart_ray.algo.sampling import SamplingSpec, process_logits
 from dart_ray.engines.base import Generation, SamplingParams
 from dart_ray.engines.hf import HFEngine
 from dart_ray.models.tiny import SPECIAL_TOKENS
-from dart_ray.weights import pack
+from dart_ray.models.weights import pack
 from tests.engines.sampling_stats import check_samples
 from tests.policy_helpers import GREEDY, png, request
 

@@ -10,13 +10,13 @@ import pyarrow as pa
 import pytest
 from PIL import Image
 
-from dart_ray.actions import parse_response
 from dart_ray.config import TimingConfig
 from dart_ray.engines.base import GenerateRequest, Generation, SamplingParams
 from dart_ray.engines.timing import SimulatedGPU, TimingEngine, decode_step_s, prefill_s
-from dart_ray.prompts import ChatMessage, ImagePart, TextPart
 from dart_ray.records import ActionKind
 from dart_ray.train.timing import timed_step, train_step_s
+from dart_ray.uitars.actions import parse_response
+from dart_ray.uitars.prompts import ChatMessage, ImagePart, TextPart
 
 # a GPU with easy numbers: 10 prompt tokens at 10,000/s (1 ms), steps of 1 ms + 1 ms/sequence
 SIMPLE = TimingConfig(

@@ -20,7 +20,7 @@ pytest.importorskip("vllm", reason="vLLM lives in .venv-vllm: run `make test-vll
 from dart_ray.engines.base import Generation, SamplingParams
 from dart_ray.engines.hf import HFEngine
 from dart_ray.engines.vllm import VLLMEngine, checkpoint_name
-from dart_ray.weights import pack
+from dart_ray.models.weights import pack
 from tests.policy_helpers import GREEDY, png, request
 
 pytestmark = pytest.mark.vllm

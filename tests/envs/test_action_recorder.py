@@ -23,9 +23,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dart_ray.actions import CoordinateMap, parse_response
 from dart_ray.envs.pyautogui_code import DONE, FAIL, WAIT, UnsafeAction, hotkey_keys, to_code
 from dart_ray.records import Action, ActionKind
+from dart_ray.uitars.actions import CoordinateMap, parse_response
 
 SCREEN = (1280, 720)
 COORDS = CoordinateMap.for_screen(*SCREEN)

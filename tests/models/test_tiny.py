@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from dart_ray.actions import smart_resize
 from dart_ray.models.loading import ModelDirError, PolicyProcessor, check_model_dir, load_model
 from dart_ray.models.tiny import SPECIAL_TOKENS, TinySpec, mrope_section
-from dart_ray.prompts import BadRequest, ChatMessage, TextPart
+from dart_ray.uitars.actions import smart_resize
+from dart_ray.uitars.prompts import BadRequest, ChatMessage, TextPart
 from tests.conftest import TINY_TEST_PIXELS
 from tests.policy_helpers import png, request
 

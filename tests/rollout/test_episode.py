@@ -14,7 +14,7 @@ from dart_ray.engines.base import GenerateRequest, Generation
 from dart_ray.envs.base import EnvInputError, StepResult
 from dart_ray.envs.minidesk.generate import make_task
 from dart_ray.envs.minidesk.oracle import oracle_action
-from dart_ray.evaluation import LocalSession
+from dart_ray.evaluation.local import LocalSession
 from dart_ray.records import Action, ActionKind, Observation, Status, Task, Trajectory
 from dart_ray.rollout.episode import EpisodeSettings, RaySession, Slot, run_episode
 

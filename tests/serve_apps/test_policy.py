@@ -24,8 +24,8 @@ from dart_ray.config import PolicyConfig
 from dart_ray.engines.base import GenerateRequest, Generation
 from dart_ray.engines.hf import HFEngine
 from dart_ray.models.loading import ModelDirError
-from dart_ray.prompts import BadRequest
-from dart_ray.weights import pack
+from dart_ray.models.weights import pack
+from dart_ray.uitars.prompts import BadRequest
 from serve_apps.policy import UpdateReport, build_app, run_policy
 from tests.policy_helpers import GREEDY, png, request
 from tests.serve_apps.conftest import TOKEN_ENV

@@ -13,7 +13,7 @@ import pytest
 
 from dart_ray.config import ConfigError, PolicyConfig
 from dart_ray.engines.base import SamplingParams
-from dart_ray.prompts import BadRequest
+from dart_ray.uitars.prompts import BadRequest
 from serve_apps.policy import MAX_HTTP_TOKENS, _sampling, read_token
 
 DEFAULTS = SamplingParams(1.0, 1.0, 64)

@@ -14,7 +14,7 @@ pytest.importorskip("vllm", reason="vLLM lives in .venv-vllm: run `make test-vll
 
 from dart_ray.config import PolicyConfig
 from dart_ray.models.loading import load_model
-from dart_ray.weights import pack
+from dart_ray.models.weights import pack
 from serve_apps.policy import build_app
 from tests.policy_helpers import png, request
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dart_ray.actions import parse_response
 from dart_ray.engines.base import SamplingParams
 from dart_ray.engines.hf import HFEngine
 from dart_ray.records import Status, Step, Task, Trajectory
 from dart_ray.store import Store
+from dart_ray.uitars.actions import parse_response
 from tests.policy_helpers import png, request
 
 

@@ -12,12 +12,12 @@ from ray.train.torch import TorchConfig, TorchTrainer
 
 from actors.control import RunControl
 from actors.curator import Curator, StepInfo, settings_from_config
-from dart_ray.audit import audit
 from dart_ray.config import Config, load_config
 from dart_ray.data.curator import CuratorCore, TrainStep
 from dart_ray.engines.base import SamplingParams
 from dart_ray.engines.hf import HFEngine
 from dart_ray.store import open_store
+from dart_ray.store.audit import audit
 from dart_ray.store.db import RowState
 from dart_ray.train.checkpointing import TrainerState, read_trainer_state
 from dart_ray.train.worker import TrainJob, resume_from_durable, resume_point, train_loop_per_worker

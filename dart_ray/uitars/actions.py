@@ -4,7 +4,7 @@ The policy writes `Thought: ...\\nAction: click(start_box='<|box_start|>(x,y)<|b
 Its coordinates are absolute pixels in the screenshot *as the image processor resized it*
 (`smart_resize`: both sides multiples of 28, the area clamped to [min_pixels, max_pixels]), so
 they are mapped back to the screen by the ratio of screen size to resized size
-(`dart_ray.geometry`, re-exported here).
+(`dart_ray.uitars.geometry`, re-exported here).
 
 Parsing never raises: a sampled policy writes anything at temperature 1, and a crash in the
 rollouter would lose the whole trajectory. What cannot be parsed becomes an `INVALID` action
@@ -24,8 +24,8 @@ import math
 import re
 from dataclasses import dataclass
 
-from dart_ray.geometry import FACTOR, MAX_PIXELS, MIN_PIXELS, CoordinateMap, smart_resize
 from dart_ray.records import Action, ActionKind
+from dart_ray.uitars.geometry import FACTOR, MAX_PIXELS, MIN_PIXELS, CoordinateMap, smart_resize
 
 __all__ = [
     "FACTOR",

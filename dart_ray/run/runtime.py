@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import socket
 import time
 from collections.abc import Callable
@@ -27,15 +28,14 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from actors.control import RunControl
 from actors.curator import NUM_CPUS as CURATOR_CPUS
 from actors.curator import Curator
-from actors.env_host import actors_of, address, host_count
+from actors.env_host import actors_of, address, host_count, session_names, start_sessions
 from actors.env_pool import start_grower
-from actors.env_session import session_names, start_sessions
 from actors.rollouter import NUM_CPUS as ROLLOUTER_CPUS
 from actors.rollouter import Rollouter
 from dart_ray.config import Config, ConfigError
-from dart_ray.config.tree import LATENCY_KIND
 from dart_ray.engines.base import SamplingParams
-from dart_ray.evaluate import EvalResult, evaluate
+from dart_ray.envs.suites import load_suite
+from dart_ray.evaluation.suite import EvalResult, evaluate
 from dart_ray.records import PackedTasks, Task
 from dart_ray.rollout.episode import EpisodeSettings, ServePolicy
 from dart_ray.store import Store, open_store
@@ -157,29 +157,6 @@ def wait_for_env_resource(
         if missing_env_resource(config, resources()) is None:
             return
     raise ConfigError(f"{hint} (waited {wait:.0f} s)")
-
-
-def load_suite(config: Config, split: str) -> list[Task]:
-    """Training or held-out tasks (the configured JSONL file, else the env's shipped split),
-    filtered by `env.families` / `env.tiers` and cut to `env.task_limit`."""
-    from dart_ray.envs.minidesk.generate import load_tasks
-
-    e = config.env
-    path = e.tasks if split == "train" else e.heldout_tasks
-    if path is not None:
-        tasks = load_tasks(path, split)
-    elif e.kind in ("minidesk", LATENCY_KIND):
-        tasks = load_tasks(split=split)
-    else:
-        key = "env.tasks" if split == "train" else "env.heldout_tasks"
-        raise ConfigError(f"{key} is required for env.kind {e.kind!r} (no built-in suite)")
-    if e.families:
-        tasks = [t for t in tasks if t.config.get("family") in e.families]
-    if e.tiers:
-        tasks = [t for t in tasks if t.config.get("tier") in e.tiers]
-    if not tasks:
-        raise ConfigError(f"no {split} task is left after env.families / env.tiers filtering")
-    return tasks[: e.task_limit] if e.task_limit else tasks
 
 
 def _port_in_use(host: str, port: int) -> bool:
@@ -311,6 +288,7 @@ def start(config: Config) -> Parts:
         log.warning("timing mode: a SIMULATED run (compute replaced by calibrated latencies)")
     run_id = new_run_id(config)
     run_dir = (config.run.root_dir / run_id).resolve()
+    created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     store = open_store(config, init=True)
     register_run(store.engine, run_id, config.run.name, config.model_dump(mode="json"))
@@ -332,6 +310,8 @@ def start(config: Config) -> Parts:
         wait_for_env_resource(config)
     except ConfigError:
         finish_run(store.engine, run_id, "FAILED")
+        if created:  # the log keeps the FAILED run; no empty folder is left to explain
+            shutil.rmtree(run_dir, ignore_errors=True)
         raise
     ns = config.cluster.namespace
     app = f"policy-{run_id}"

@@ -30,8 +30,8 @@ import torch
 
 from dart_ray.config import EnvConfig
 from dart_ray.models.loading import PolicyProcessor
-from dart_ray.prompts import Turn, build_messages
 from dart_ray.records import Task
+from dart_ray.uitars.prompts import Turn, build_messages
 
 MERGE_PX = 28
 """Pixels per side of one merged image token (14 px patches, 2x2 merge)."""
@@ -90,7 +90,7 @@ def read_screens(
 ) -> list[Screen]:
     """Reset MiniDesk on each task, teacher-force the oracle's first response, read the probes'
     inputs. Tasks must be click-button screens (every widget a button)."""
-    from dart_ray.sft import OracleWriter
+    from dart_ray.warmstart.sft import OracleWriter
 
     oracle = OracleWriter(processor, env_config)
     env = oracle.env

@@ -2,7 +2,7 @@
 
 The episodes run through the same `run_episode` as training (same prompts, parsing and
 coordinate mapping); only the transport differs: no Ray, no Serve, so an evaluation starts
-in seconds. `dart_ray.evaluate` does the scheduling and scoring.
+in seconds. `dart_ray.evaluation.suite` does the scheduling and scoring.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dart_ray.config import Config
 from dart_ray.engines import make_engine
 from dart_ray.engines.base import Engine, GenerateRequest, Generation, SamplingParams
 from dart_ray.envs.base import EnvAborted, EnvInputError, StepResult, make_env
-from dart_ray.evaluate import EvalResult, evaluate
+from dart_ray.evaluation.suite import EvalResult, evaluate
 from dart_ray.records import Observation, Task
 from dart_ray.rollout.episode import EpisodeSettings
 
@@ -58,7 +58,7 @@ class LocalPolicy:
 
 def _suite(config: Config, suite: str) -> list[Task]:
     from dart_ray.envs.minidesk.generate import load_tasks
-    from dart_ray.runtime import load_suite
+    from dart_ray.envs.suites import load_suite
 
     if suite in ("train", "heldout"):
         return load_suite(config, suite)

@@ -22,12 +22,12 @@ import pyarrow as pa
 import torch
 from transformers import PreTrainedModel
 
-from dart_ray.actions import CoordinateMap, format_response
 from dart_ray.config import EnvConfig
 from dart_ray.models.loading import PolicyProcessor, load_model
-from dart_ray.prompts import Turn, build_messages
 from dart_ray.records import SAMPLE_SCHEMA, Action, ActionKind, Task
 from dart_ray.train.forward import collate, response_logprobs
+from dart_ray.uitars.actions import CoordinateMap, format_response
+from dart_ray.uitars.prompts import Turn, build_messages
 
 log = logging.getLogger(__name__)
 

@@ -7,34 +7,52 @@ import argparse
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress, ProgressColumn, Task, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from dart_ray.config import Config
+from dart_ray.envs.suites import load_suite
 
 
-def run_train(config: Config, out: Console) -> int:
-    from dart_ray import driver, runtime
-    from dart_ray.report import render
+class RateColumn(ProgressColumn):
+    """`195 (24.4/min)`: how many so far and how fast, for counts without a goal."""
 
-    # bad task files fail here, in one line, before Ray starts or the log is touched
-    runtime.load_suite(config, "train")
+    def render(self, task: Task) -> Text:
+        elapsed = task.elapsed or 0.0
+        rate = f" ({task.completed / elapsed * 60:.1f}/min)" if elapsed > 1 else ""
+        return Text(f"{task.completed:,.0f}{rate}")
 
-    progress = Progress(
+
+def make_progress(out: Console) -> Progress:
+    """The live lines of `dart-ray train`: trajectories, train steps and versions, each with
+    its count, rate and elapsed time."""
+    return Progress(
         TextColumn("{task.description:<14}"),
-        BarColumn(),
-        MofNCompleteColumn(),
+        RateColumn(),
         TimeElapsedColumn(),
         console=out,
         transient=False,
     )
+
+
+def run_train(config: Config, out: Console) -> int:
+    from dart_ray.reporting.report import render
+    from dart_ray.run import driver, runtime
+
+    # bad task files fail here, in one line, before Ray starts or the log is touched
+    load_suite(config, "train")
+
+    progress = make_progress(out)
     bars: dict[str, int] = {}
 
     def tick(parts: runtime.Parts) -> None:
         if not bars:
             bars["trajectories"] = progress.add_task("trajectories", total=None)
             bars["train steps"] = progress.add_task("train steps", total=None)
-            bars["versions"] = progress.add_task("versions", total=config.run.max_versions)
+            # no total: run.max_versions is a cap (10,000 by default), not a goal; the run
+            # ends at run.max_minutes, so the bars say how much and how fast
+            bars["versions"] = progress.add_task("versions", total=None)
         try:  # a rollouter being restarted by Ray has no stats to give this tick
             stats = ray.get([r.stats.remote() for r in parts.rollouters], timeout=10)
             done = sum(sum(s.logged.values()) for s in stats)
@@ -88,8 +106,7 @@ def add_sft_eval(sub: argparse._SubParsersAction, add_config_args, load) -> None
         import tempfile
 
         from dart_ray.models.tiny import save_tiny_model
-        from dart_ray.runtime import load_suite
-        from dart_ray.sft import sft
+        from dart_ray.warmstart.sft import sft
 
         cfg = load(args)
         base = args.base
@@ -127,29 +144,29 @@ def add_sft_eval(sub: argparse._SubParsersAction, add_config_args, load) -> None
     def eval_fn(args: argparse.Namespace, out: Console) -> int:
         import json
 
-        from dart_ray.evaluation import run_eval
+        from dart_ray.evaluation.local import run_eval
 
         cfg = load(args)
         res = run_eval(cfg, args.checkpoint, args.suite, args.tasks, args.samples)
-        t = Table("task", "episodes", "success", title=f"{args.checkpoint} on {args.suite}")
+        title = f"{args.checkpoint} on {args.suite}, {res.sampling}"
+        t = Table("task", "episodes", "success", title=title)
         for task_id, rewards in sorted(res.per_task.items()):
             wins = sum(r >= res.success_threshold for r in rewards)
             t.add_row(task_id, str(len(rewards)), f"{wins}/{len(rewards)}")
         out.print(t)
         summary = {
-            "checkpoint": str(args.checkpoint),
+            "checkpoint": str(args.checkpoint.resolve()),
             "suite": args.suite,
+            "sampling": res.sampling,
             "tasks": len(res.per_task),
             "episodes": res.episodes,
-            "success": res.success(1),
+            # greedy: the success rate; sampled: the fraction of episodes that succeeded
+            "success": res.success(1) if res.greedy else res.success_per_episode(),
             f"pass@{args.samples}": res.success(args.samples),
             "aborted": res.aborted,
             "per_task": res.per_task,
         }
-        out.print(
-            f"success {summary['success']:.1%} over {summary['tasks']} tasks"
-            + (f", pass@{args.samples} {res.success(args.samples):.1%}" if args.samples > 1 else "")
-        )
+        out.print(res.headline())
         if args.json:
             args.json.write_text(json.dumps(summary, indent=2) + "\n")
         return 0

@@ -19,9 +19,9 @@ from typing import Any
 
 import ray
 
-from dart_ray import runtime
 from dart_ray.config import Config
-from dart_ray.report import RunReport, build_report
+from dart_ray.reporting.report import RunReport, build_report
+from dart_ray.run import runtime
 from dart_ray.store.episodes import log_unfinished
 from dart_ray.store.runs import finish_run
 from dart_ray.train.worker import resume_from_durable

@@ -1,18 +1,16 @@
 """The run report's figures: `curve.png` (held-out success per evaluated version, sampled
 success per band of versions, mean reward per step) and `system.png` (utilisation over time,
-staleness, weight-sync latency), drawn from a `RunReport` by `dart_ray.plots`."""
+staleness, weight-sync latency), drawn from a `RunReport` by `dart_ray.reporting.plots`."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from dart_ray.plots import Point, bands, draw_learning_curve, draw_system, utilisation
-
-if TYPE_CHECKING:
-    from dart_ray.report import RunReport
+from dart_ray.reporting.plots import Point, bands, draw_learning_curve, draw_system, utilisation
+from dart_ray.reporting.summary import RunReport
 
 
 def eval_point(summary: dict[str, Any]) -> Point:
@@ -23,6 +21,19 @@ def eval_point(summary: dict[str, Any]) -> Point:
     m = re.search(r"(?:^|/)v(\d+)/?$", str(summary.get("checkpoint", "")))
     n = int(summary["tasks"])
     return Point(int(m.group(1)) if m else 0, round(float(summary["success"]) * n), n)
+
+
+def eval_refusal(summary: dict[str, Any], run_id: str, own: set[Path]) -> str | None:
+    """Why a `dart-ray eval --json` summary cannot be a held-out point of run `run_id`
+    (None if it can): its checkpoint must be one of the run's (`own`: its checkpoint folders
+    and the weights it started from), and it must be greedy (the curve's held-out points are)."""
+    ckpt = Path(str(summary.get("checkpoint", ""))).resolve()
+    if ckpt not in own:
+        return f"it evaluates {ckpt}, which is not a checkpoint of run {run_id}"
+    sampling = summary.get("sampling", "greedy")
+    if sampling != "greedy":
+        return f"it is a {sampling} evaluation; the curve's held-out points are greedy"
+    return None
 
 
 def heldout_points(report: RunReport, extra: Sequence[Point] = ()) -> list[Point]:
@@ -55,7 +66,7 @@ def draw_curve(
     step_versions: list[float] | None = None,
     evals: Sequence[Point] = (),
 ) -> Path:
-    """The two-panel learning figure (`dart_ray.plots`); `step_versions` place the per-step
+    """The two-panel learning figure (`dart_ray.reporting.plots`); `step_versions` place the per-step
     mean rewards (their versions; default: spread over the run's versions); `evals` are
     more held-out points."""
     rewards = report.rewards
@@ -74,7 +85,7 @@ def draw_curve(
 def draw_system_figure(
     report: RunReport, episodes: Sequence[tuple[datetime, datetime]], out: Path, bins: int = 30
 ) -> Path:
-    """`system.png` (`dart_ray.plots.draw_system`): utilisation over time from the log's
+    """`system.png` (`dart_ray.reporting.plots.draw_system`): utilisation over time from the log's
     episode times (the database's clock, taken as UTC) and the trainer's step times, the
     staleness histogram and the weight-sync latencies of the report."""
     env = [(_unix(a), _unix(b)) for a, b in episodes]

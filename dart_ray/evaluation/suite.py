@@ -24,6 +24,30 @@ class EvalResult:
     unscored: list[str] = field(default_factory=list)
     """Tasks whose every attempt aborted: left out of the success rate, named here."""
     success_threshold: float = 1.0
+    sampling: str = "greedy"
+    """How the episodes were decoded: `greedy`, or `sampled (temperature T, top-p P, top-k K)`
+    (pass@k evaluations): a sampled rate is not a greedy one and is never shown as one."""
+
+    @property
+    def greedy(self) -> bool:
+        return self.sampling == "greedy"
+
+    def success_per_episode(self) -> float:
+        """The fraction of all episodes that succeeded (a sampled evaluation's success rate)."""
+        rewards = [r for rs in self.per_task.values() for r in rs]
+        return sum(r >= self.success_threshold for r in rewards) / len(rewards) if rewards else 0.0
+
+    def headline(self) -> str:
+        """One line that says what was measured: greedy success, or sampled success per
+        episode with pass@k."""
+        n = len(self.per_task)
+        if self.greedy:
+            return f"greedy success {self.success(1):.1%} over {n} tasks"
+        k = max((len(v) for v in self.per_task.values()), default=1)
+        return (
+            f"{self.sampling}, {k} episodes per task: success per episode "
+            f"{self.success_per_episode():.1%}, pass@{k} {self.success(k):.1%} over {n} tasks"
+        )
 
     def success(self, k: int = 1) -> float:
         """Fraction of tasks solved within their first k episodes (pass@k; k=1: success rate)."""
@@ -50,12 +74,16 @@ async def evaluate(
 ) -> EvalResult:
     """Play every task `samples` times over the sessions (greedy for a single sample).
     `wrap`: the sessions are EnvSession actor handles (else objects with the Session API)."""
+    base = settings.sampling or SamplingParams()
     if samples == 1:
-        base = settings.sampling or SamplingParams()
         settings = EpisodeSettings(
             **{**settings.__dict__, "sampling": SamplingParams(0.0, 1.0, base.max_new_tokens)}
         )
-    result = EvalResult(success_threshold=success_threshold)
+        how = "greedy"
+    else:
+        how = f"sampled (temperature {base.temperature:g}, top-p {base.top_p:g}"
+        how += f", top-k {base.top_k})" if base.top_k else ")"
+    result = EvalResult(success_threshold=success_threshold, sampling=how)
     idle: asyncio.Queue[object] = asyncio.Queue()
     for s in sessions:
         idle.put_nowait(s)
