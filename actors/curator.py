@@ -24,6 +24,7 @@ from ray.util import metrics as ray_metrics
 from dart_ray.config import Config
 from dart_ray.data.curation import CurationParams
 from dart_ray.data.curator import CuratorCore, CuratorSettings, TrainStep
+from dart_ray.rollout.admission import Pace
 from dart_ray.store import Claim, open_store
 from dart_ray.store.db import RowState
 
@@ -137,6 +138,8 @@ class Curator:
         self._run_id = run_id
         self._gauges = _BufferMetrics(run_id)
         self._buffer_read_at = 0.0
+        self._available = 0
+        """The log's unclaimed rows at the last read (every 2 s, with the gauges)."""
 
     def _export(self) -> None:
         """Gauges after a poll; the log's unused count at most every 2 s (one GROUP BY)."""
@@ -145,6 +148,7 @@ class Curator:
             self._buffer_read_at = time.monotonic()
             buffer = self.core.log.buffer(self._run_id)
             available = sum(n for (_, st), n in buffer.items() if st == RowState.AVAILABLE)
+            self._available = available
         self._gauges.update(self.core, available)
 
     async def _ensure_poller(self) -> None:
@@ -244,6 +248,12 @@ class Curator:
         in a worker thread, between polls)."""
         async with self._lock:
             await asyncio.to_thread(self.core.set_version, version)
+
+    async def pace(self) -> Pace:
+        """The trainer's pace and the rows waiting (admission, `dart_ray.rollout.admission`):
+        read from what the last poll left, without database I/O."""
+        await self._ensure_poller()
+        return self.core.pace(self._available)
 
     async def metrics(self) -> dict[str, object]:
         """The core's counters, read between polls: a poll updates them when it ends, so a

@@ -33,6 +33,7 @@ from actors.env_host import resolve_session
 from dart_ray.config import Config
 from dart_ray.engines.base import SamplingParams
 from dart_ray.records import PackedTasks, Status, Trajectory
+from dart_ray.rollout.admission import Pace, may_open_group
 from dart_ray.rollout.episode import (
     EpisodeSettings,
     RaySession,
@@ -62,6 +63,10 @@ class RolloutReport:
     baseline this includes the waits for training between iterations, which is the idle time
     the utilisation must count."""
     sessions: int = 0
+    groups_held: int = 0
+    """Times staleness-aware admission held a new group back while a session was free."""
+    held_s: float = 0.0
+    """Seconds during which admission held sessions idle (at least one free, none started)."""
 
     @property
     def occupancy(self) -> float:
@@ -105,7 +110,10 @@ class Rollouter:
         policy_app: str,
         shard: tuple[int, int] = (0, 1),
         pool: str | None = None,
+        curator: str | None = None,
     ) -> None:
+        """`curator`: the name of the run's Curator actor, whose `pace()` admission reads
+        (None: no admission)."""
         self.c = config
         self.run_id = run_id
         self.store = open_store(config, wait=True)
@@ -148,6 +156,11 @@ class Rollouter:
         self._metrics = _Metrics(run_id)
         self._active = 0
         self._first_run: float | None = None
+        self._curator = curator
+        self._pace: Pace | None = None
+        self._pace_read_at = 0.0
+        self._episode_s = 0.0
+        """Mean wall time of this rollouter's episodes (exponential, the newest 1/5)."""
         self.reconciled = self._reconcile()
 
     def _reconcile(self) -> int:
@@ -223,32 +236,72 @@ class Rollouter:
             self._first_run = time.monotonic()
         opened_at_start = self.scheduler.groups_opened
         running: set[asyncio.Task[None]] = set()
+        admit = max_groups is None and self.c.rollout.admission and self._curator is not None
 
         def may_start() -> bool:
             if self._stop:
                 return False
             if max_groups is None:
-                return True
+                return not admit or self.scheduler.pending_slots() > 0 or self._admitted(running)
             opened = self.scheduler.groups_opened - opened_at_start
             return opened < max_groups or self.scheduler.pending_slots() > 0
 
+        held_since: float | None = None
         try:
             while True:
+                if admit:
+                    await self._read_pace()
                 # read each time: a growing pool adds sessions while the loop runs
-                while len(running) < min(self.c.rollout.in_flight, len(self.sessions)) and (
-                    may_start()
-                ):
+                room = min(self.c.rollout.in_flight, len(self.sessions))
+                while len(running) < room and may_start():
                     slot = await asyncio.to_thread(self.scheduler.next_slot)
                     self._remaining.setdefault(slot.group_id, slot.group_size)
                     running.add(asyncio.create_task(self._slot(slot)))
                 if not running:
                     break
-                done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                held = admit and len(running) < room and not self._stop
+                if held and held_since is None:
+                    held_since = time.monotonic()
+                    self.report.groups_held += 1
+                elif not held and held_since is not None:
+                    self.report.held_s += time.monotonic() - held_since
+                    held_since = None
+                # while admission holds a group back, look at the pace again every second
+                done, running = await asyncio.wait(
+                    running, timeout=1.0 if held else None, return_when=asyncio.FIRST_COMPLETED
+                )
                 for d in done:
                     d.result()  # surface bugs; environment and policy failures never raise
         finally:
+            if held_since is not None:
+                self.report.held_s += time.monotonic() - held_since
             self._publish_occupancy()
         return self.report
+
+    def _admitted(self, running: set[asyncio.Task[None]]) -> bool:
+        """Admission for the next group (`dart_ray.rollout.admission`)."""
+        c = self.c
+        return may_open_group(
+            self._pace,
+            running=len(running),
+            group=c.rollout.n_rollouts,
+            rollouters=c.rollout.rollouters,
+            max_staleness=c.curation.max_staleness,
+            slack=c.rollout.admission_slack,
+            episode_s=self._episode_s,
+        )
+
+    async def _read_pace(self) -> None:
+        """The curator's pace, at most every second; None while the curator is away (Ray
+        restarting it): admission then lets groups open."""
+        if time.monotonic() - self._pace_read_at < 1.0:
+            return
+        self._pace_read_at = time.monotonic()
+        try:
+            curator = ray.get_actor(self._curator, namespace=self.c.cluster.namespace)
+            self._pace = await curator.pace.remote()
+        except (ValueError, ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+            self._pace = None
 
     def _publish_occupancy(self) -> None:
         if self._first_run is not None:
@@ -307,7 +360,9 @@ class Rollouter:
             settings = EpisodeSettings(**{**self.settings.__dict__, "max_steps": planned.max_steps})
             traj = await run_episode(RaySession(session), self.policy, planned.task, slot, settings)
         finally:
-            self.report.episode_s += time.monotonic() - t0
+            took = time.monotonic() - t0
+            self.report.episode_s += took
+            self._episode_s = took if not self._episode_s else 0.8 * self._episode_s + 0.2 * took
             self._active -= 1
             self._metrics.in_flight.set(self._active)
             self.idle.put_nowait(session)

@@ -79,8 +79,20 @@ MODES = {
     "decoupled": ["run.mode=decoupled"],
     "sync": ["run.mode=sync"],
     "partial": ["run.mode=decoupled", "policy.interrupt_on_update=true"],
+    "unadmitted": ["run.mode=decoupled", "rollout.admission=false"],
 }
-"""Each benchmark mode's config: `partial` is decoupled with partial rollouts."""
+"""Each benchmark mode's config: `decoupled` with staleness-aware admission (the default),
+`unadmitted` without it (rollouters start episodes as fast as sessions free up), `partial`
+decoupled with partial rollouts."""
+
+TRAINING_GPUS = 8
+"""The GPUs the timing model's train step runs on (`timing.train_tokens_per_s`: 8 H100s)."""
+
+ADMISSION_TARGETS = {
+    "stale_dropped_frac": 0.02,  # at most
+    "samples_per_hour": 9186.0,  # at least: the decoupled run before admission (2026-12-04)
+    "env_utilisation": 0.90,  # at least
+}
 
 
 def make_config(args: argparse.Namespace, mode: str, index: int, root: Path) -> Config:
@@ -159,6 +171,15 @@ def run_mode(args: argparse.Namespace, mode: str, index: int, root: Path) -> dic
         "staleness": report.staleness,
         "dropped": report.dropped,
         "dropped_stale": int(report.dropped.get("stale", 0)),
+        "stale_dropped_frac": report.dropped.get("stale", 0) / trajectories
+        if trajectories
+        else 0.0,
+        "rollouts_started": report.rollouts_started,
+        "rows_trained": report.rows_trained,
+        "admission_held_s": report.admission_held_s,
+        # sessions kept in episodes, per GPU of the modelled trainer: how many desktops one
+        # training GPU keeps fed without wasting their rollouts
+        "busy_sessions_per_training_gpu": probe.episode_s / wall / TRAINING_GPUS if wall else 0.0,
         "staleness_max": probe.staleness_max,
         "max_staleness": cfg.curation.max_staleness,
         "token_staleness": report.token_staleness,
@@ -222,6 +243,17 @@ def verdict(runs: dict[str, dict[str, Any]], rt: dict[str, float | None]) -> dic
     out["staleness within curation.max_staleness, nothing lost or trained twice"] = all(
         m["audit_ok"] and m["staleness_max"] <= m["max_staleness"] for m in runs.values()
     )
+    d = runs["decoupled"]
+    lim = ADMISSION_TARGETS
+    out[f"stale drops <= {lim['stale_dropped_frac']:.0%} of trajectories (admission)"] = (
+        d["stale_dropped_frac"] <= lim["stale_dropped_frac"]
+    )
+    out[f"samples / modelled hour >= {lim['samples_per_hour']:,.0f}"] = (
+        d["samples_per_hour"] >= lim["samples_per_hour"]
+    )
+    out[f"environment utilisation >= {lim['env_utilisation']:.0%}"] = (
+        d["env_utilisation"] >= lim["env_utilisation"]
+    )
     return out
 
 
@@ -258,7 +290,13 @@ def render(results: dict[str, Any]) -> None:
         ("  the same from the first train step on", "steady_samples_per_hour", num),
         ("versions published", "versions", num),
         ("train steps", "train_steps", num),
+        ("rollouts started", "rollouts_started", num),
+        ("rows trained", "rows_trained", num),
         ("rows dropped as too stale", "dropped_stale", num),
+        ("  share of trajectories", "stale_dropped_frac", pct),
+        ("admission held sessions idle, s", "admission_held_s", num),
+        ("busy sessions per training GPU", "busy_sessions_per_training_gpu",
+         lambda v: f"{v:.1f}"),
         ("most versions a trained sample was behind", "staleness_max", num),
         ("staleness of claimed rows (versions: rows)", "staleness", hist),
         ("trained tokens by versions behind", "token_staleness", hist),
@@ -294,7 +332,8 @@ def parse_args(argv: list[str] | None) -> Bench:
     p.add_argument("--minutes", type=float, default=6.0, help="wall budget of each mode")
     p.add_argument("--sessions", type=int, default=64, help="env sessions (and in flight)")
     p.add_argument("--modes", default="decoupled,sync",
-                   help=f"comma-separated, of {', '.join(MODES)} (partial: partial rollouts)")  # fmt: skip
+                   help=f"comma-separated, of {', '.join(MODES)} (decoupled: with admission, "
+                        "unadmitted: without, partial: partial rollouts)")  # fmt: skip
     p.add_argument("--grace", type=float, default=180.0, help="watchdog: seconds past budget")
     p.add_argument("--same-ray", action="store_true",
                    help="run every mode on the Ray already running (tests), not a fresh one each")  # fmt: skip
@@ -338,6 +377,9 @@ def main(argv: list[str] | None = None) -> int:
         rt = ratios(runs["decoupled"], runs["sync"])
         results["ratios"] = rt
         results.update({k: rt[k] for k in TARGETS})  # the headline keys at the top level
+        results["stale_dropped_frac"] = runs["decoupled"]["stale_dropped_frac"]
+        if "unadmitted" in runs:
+            results["stale_dropped_frac_unadmitted"] = runs["unadmitted"]["stale_dropped_frac"]
         results["verdict"] = verdict(runs, rt)
     if {"decoupled", "partial"} <= set(runs):
         results["partial_vs_decoupled"] = partial_vs_decoupled(runs["partial"], runs["decoupled"])

@@ -27,6 +27,15 @@ class RolloutConfig(Section):
     no-op step too, or ends the episode with `end` (`retry` cannot take back what was sent)."""
     success_threshold: float = 1.0
     """A trajectory with reward >= this counts as a success (task statistics, replay)."""
+    admission: bool = True
+    """Staleness-aware admission (decoupled mode): open a new group only while the rows
+    running and waiting can still train within `curation.max_staleness`, at the trainer's
+    measured pace (`dart_ray/rollout/admission.py`). Off, rollouters start episodes as fast
+    as sessions free up, and what the trainer cannot take in time is dropped as stale. The
+    synchronous mode never runs ahead, so it ignores this."""
+    admission_slack: float = Field(default=0.5, ge=0)
+    """Versions of margin admission keeps below `curation.max_staleness` (the pace and the
+    episode lengths are estimates)."""
 
 
 class CurationConfig(Section):

@@ -33,6 +33,7 @@ from dart_ray.data.batches import pack
 from dart_ray.data.curation import CurationParams, GroupOutcome, curate_group
 from dart_ray.data.grouping import GroupBuffer, PendingGroup
 from dart_ray.records import Trajectory
+from dart_ray.rollout.admission import Pace
 from dart_ray.store.blobs import BlobStore
 from dart_ray.store.checkpoints import Lineage
 from dart_ray.store.log import Claim, DurableLog, LeaseLostError
@@ -91,6 +92,8 @@ class CuratorMetrics:
     held_rows: int = 0
     steps_formed: int = 0
     steps_acked: int = 0
+    rows_handed: int = 0
+    """Rows of steps handed to a trainer (what leaves the queue by training)."""
     rows_trained: int = 0
     samples_formed: int = 0
     replays: int = 0
@@ -134,15 +137,40 @@ class CuratorCore:
         self._ready: list[GroupOutcome] = []  # curated, trainable, waiting for a step
         self._next_step = 0
         self._last_renew = time.monotonic()
+        self._marks: deque[tuple[float, int, int]] = deque(maxlen=8)
+        """(time, version, rows that had left the queue) at each new version: the pace."""
         self._read_lineage()
 
     # ------------------------------------------------------------------ inputs
 
-    def set_version(self, version: int) -> None:
+    def set_version(self, version: int, now: float | None = None) -> None:
         """The newest published weight version; staleness is measured against it (or
         against the registry's newest, whichever is higher: versions only go up)."""
+        before = self.version
         self.version = max(self.version, version)
         self._read_lineage()
+        if self.version > before or not self._marks:
+            now = time.monotonic() if now is None else now
+            self._marks.append((now, self.version, self._rows_left()))
+
+    def _rows_left(self) -> int:
+        """Rows that have left the queue so far: handed to a trainer, or dropped."""
+        return self.metrics.rows_handed + sum(self.metrics.dropped.values())
+
+    def pace(self, available: int, now: float | None = None) -> Pace:
+        """The trainer's pace over the last few versions and the rows waiting ahead of a new
+        episode (`available`: the log's unclaimed rows, which the caller counts), for
+        staleness-aware admission (`dart_ray.rollout.admission`). Before two versions are
+        seen, a step's nominal rows per version and no version rate; the rate counts the
+        time since the newest version, so it falls while the trainer stalls."""
+        now = time.monotonic() if now is None else now
+        nominal = float(self.s.groups_per_step * self.s.group_size)
+        rpv, vps = nominal, 0.0
+        if len(self._marks) >= 2:
+            (t0, v0, r0), (_, v1, r1) = self._marks[0], self._marks[-1]
+            rpv = (r1 - r0) / (v1 - v0) or nominal
+            vps = (v1 - v0) / max(now - t0, 1e-9)
+        return Pace(self.version, rpv, vps, available + len(self._claims))
 
     def _read_lineage(self) -> None:
         if self._lineage is None:
@@ -271,6 +299,7 @@ class CuratorCore:
         if not self.queue:
             return None
         step = self.queue.popleft()
+        self.metrics.rows_handed += len(step.rows)
         step.step_id = self._next_step
         self._next_step += 1
         self.in_flight[step.step_id] = step

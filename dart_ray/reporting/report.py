@@ -134,6 +134,8 @@ def build_report(
         sync_latency=[[h["version"], h["sync_s"]] for h in history if "sync_s" in h],
         simulated=parts.config.timing.enabled,
         token_staleness=token_staleness(history),
+        rollouts_started=sum(s.started for s in stats),
+        admission_held_s=sum(s.held_s for s in stats),
         **rollout_stats(parts),
     )
     write(report, history, parts.run_dir, parts.store.log.episode_intervals(parts.run_id))
@@ -229,6 +231,12 @@ def render(report: RunReport, console: Console) -> None:
     t.add_row("held-out success before -> after", heldout_line(report))
     t.add_row(
         "trajectories", ", ".join(f"{k} {v}" for k, v in sorted(report.trajectories.items())) or "0"
+    )
+    stale = report.dropped.get("stale", 0)
+    t.add_row(
+        "rollouts started / trained / dropped stale",
+        f"{report.rollouts_started} / {report.rows_trained} / {stale}"
+        + (f" (admission held {report.admission_held_s:.0f} s)" if report.admission_held_s else ""),
     )
     t.add_row("groups completed", str(report.groups_completed))
     t.add_row("train steps / versions", f"{report.train_steps} / {report.versions}")

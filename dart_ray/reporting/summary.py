@@ -61,6 +61,11 @@ class RunReport:
     update_wait_s: float | None = None
     """Mean seconds a weight update waited, per replica, for the generations in flight: to
     finish (drain) or to pause at a token boundary (`policy.interrupt_on_update`)."""
+    rollouts_started: int = 0
+    """Episodes the rollouters started (retries of aborted ones included)."""
+    admission_held_s: float = 0.0
+    """Session-free seconds during which staleness-aware admission held new groups back
+    (summed over rollouters)."""
     update_blocked_s: float | None = None
     """Mean seconds, per update and replica, new generations were held off (the wait above
     plus the load)."""

@@ -375,6 +375,7 @@ def start(config: Config) -> Parts:
             app,
             (i, config.rollout.rollouters),
             parts.names("env-pool") if config.env.max_sessions is not None else None,
+            parts.names("curator"),
         )
         for i in range(config.rollout.rollouters)
     ]

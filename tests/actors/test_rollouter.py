@@ -158,3 +158,55 @@ def test_a_restarted_rollouter_takes_back_the_sessions_the_pool_added(
 
 def test_tiny_pixels_fixture_matches_the_sessions() -> None:
     assert TINY_TEST_PIXELS[1] >= 112 * 112  # 112x112 screens stay 16 tokens, not shrunk
+
+
+def test_admission_holds_new_groups_while_the_queue_is_as_long_as_the_bound_allows(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """No trainer: versions never advance, so nothing the rollouter makes can train within
+    the bound beyond what one version takes. Bound 2, slack 0.5, a step of one group of 2:
+    3 rows may be running or waiting. With 4 sessions and groups of 2, the first group
+    opens (2 running) and the second would make 4 > 3: admission holds it while two sessions
+    sit free, yet a rollouter with nothing running always opens a group, so rollouts go on.
+    Without admission both groups run at once and nothing is held."""
+    from actors.curator import Curator
+
+    held = {}
+    for admission in (True, False):
+        cfg = _config(
+            tmp_path / str(admission),
+            "env.num_sessions=4",
+            "rollout.in_flight=4",
+            "curation.dynamic_rollouts=false",
+            "curation.group_size=2",
+            "curation.groups_per_step=1",
+            "curation.max_staleness=2",
+            "rollout.admission_slack=0.5",
+            f"rollout.admission={str(admission).lower()}",
+            "cluster.namespace=dart-ray-tests",
+        )
+        store = open_store(cfg, init=True)
+        run_policy(cfg.policy, tiny_model_dir, name="policy-adm", route_prefix="/adm")
+        sessions = start_sessions(cfg.env, prefix=f"adm-{admission}")
+        name = f"curator:run-adm-{admission}"
+        curator = Curator.options(name=name, namespace="dart-ray-tests").remote(
+            cfg, f"run-adm-{admission}", 1, 0.1
+        )
+        tasks = PackedTasks.of(load_tasks(split="train")[:5])
+        r = Rollouter.remote(  # type: ignore[attr-defined]
+            cfg, f"run-adm-{admission}", tasks, sessions, "policy-adm", curator=name
+        )
+        going = r.run.remote()
+        import time
+
+        time.sleep(12)
+        ray.get(r.stop.remote())
+        report = ray.get(going)
+        held[admission] = report
+        assert report.groups_completed >= 2  # the run moves either way
+        for a in (*sessions, r, curator):
+            ray.kill(a)
+        serve.delete("policy-adm")
+        store.dispose()
+    assert held[True].groups_held >= 1 and held[True].held_s > 1.0
+    assert held[False].groups_held == 0 and held[False].held_s == 0.0

@@ -394,3 +394,28 @@ def test_a_replay_that_goes_stale_in_the_queue_leaves_only_itself(
     assert step.min_version == 2 and core.metrics.replays_stale == 1
     _, drops, _ = settled(engine)
     assert drops == Counter({"replaced_by_replay": 1})
+
+
+def test_the_pace_is_rows_leaving_the_queue_per_version_and_versions_per_second(
+    log: DurableLog, tmp_path: Path
+) -> None:
+    """Admission reads the curator's pace. Before two versions: a step's nominal rows (2
+    groups of 4 = 8) and no rate. Then: v0 at t=100 with nothing gone yet; a step of 8 rows
+    handed out, a group of 4 dropped (no signal); v1 at t=110: 12 rows per version, and at
+    t=120 (10 s after v1, nothing new) 1 version in 20 s: 0.05 per second. Waiting: the 3
+    rows the curator holds (a group still filling) plus the 5 unclaimed the caller counts."""
+    blobs = BlobStore(tmp_path / "blobs")
+    core = CuratorCore(log, blobs, settings(groups_per_step=2))
+    first = core.pace(available=0)
+    assert (first.rows_per_version, first.versions_per_s) == (8.0, 0.0)
+    core.set_version(0, now=100.0)
+    write_group(log, blobs, "a", 0, [1.0, 0.0, 0.0, 0.0])
+    write_group(log, blobs, "b", 0, [1.0, 1.0, 0.0, 0.0])
+    write_group(log, blobs, "flat", 0, [0.0, 0.0, 0.0, 0.0])  # no signal: dropped
+    write_group(log, blobs, "filling", 0, [1.0, 0.0, 0.0])  # 3 of 4
+    core.poll(now=100.0)
+    assert core.take_step() is not None
+    core.set_version(1, now=110.0)
+    pace = core.pace(available=5, now=120.0)
+    assert pace.version == 1 and pace.rows_per_version == 12.0
+    assert pace.versions_per_s == 1 / 20 and pace.waiting_rows == 5 + 3
