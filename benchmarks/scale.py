@@ -23,16 +23,28 @@ For each N, over the window after `--warmup` seconds (when every session has sta
 The window closes before the run's budget ends, so the wind-down (episodes in flight
 finishing while none start) is not measured;
 - **saturation**: a part whose one Python process uses >= 0.85 of a core (it cannot use more),
-  or the machine's cores all in use.
+  or the machine's cores all in use;
+- **host memory per session** (issue 32): each part's resident memory (RSS, summed over its
+  processes) sampled at every driver tick through the window (mean and peak) and its unique
+  memory (USS: what killing it would free, the object store's shared pages out) at the end,
+  for the components that hold a session's screenshots: the EnvHosts, the rollouter (each
+  episode's steps), the curator and the policy replica (its request queue: every queued
+  request carries the prompt's `policy.history_images` screenshots). Per session: RSS / N,
+  and the marginal MB per session between successive N (the slope, which leaves out each
+  process's fixed cost). Screenshots are the screen's PNGs (`--screen`, MiniDesk's drawing);
+  their mean size is measured and reported, since real desktops' PNGs are larger.
 
 Prints a table per N and a summary, writes JSON to benchmarks/results/scale.json. SIMULATED.
 
     .venv/bin/python benchmarks/scale.py --sessions 64,256,1024 --minutes 3
+    .venv/bin/python benchmarks/scale.py --sessions 64 --screen 1920x1080 --minutes 1   # memory
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
 import os
 import re
 import sys
@@ -82,11 +94,21 @@ class Snapshot:
     processes: dict[str, int] = field(default_factory=dict)
 
 
+def ours() -> list[psutil.Process]:
+    """This process and its descendants: the local Ray it started (GCS, raylet, workers), not
+    another run's processes on a shared machine."""
+    me = psutil.Process()
+    try:
+        return [me, *me.children(recursive=True)]
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return [me]
+
+
 def snapshot() -> Snapshot:
     s = Snapshot(time.monotonic())
     rss: dict[str, float] = defaultdict(float)
     count: dict[str, int] = defaultdict(int)
-    for p in psutil.process_iter():
+    for p in ours():
         part = part_of(p)
         if part is None:
             continue
@@ -99,6 +121,36 @@ def snapshot() -> Snapshot:
             continue
     s.rss, s.processes = dict(rss), dict(count)
     return s
+
+
+MEMORY_PARTS = ("ray::EnvHost", "ray::Rollouter", "ray::Curator", "ray::ServeReplica (policy)")
+"""The parts that hold a session's screenshots, whose memory per session is reported."""
+
+
+def uss() -> dict[str, float]:
+    """part -> unique bytes of its processes (USS: private pages, the object store's out)."""
+    out: dict[str, float] = defaultdict(float)
+    for p in ours():
+        part = part_of(p)
+        if part is None:
+            continue
+        try:
+            out[part] += p.memory_full_info().uss
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return dict(out)
+
+
+def screenshot_bytes(width: int, height: int, n: int = 8) -> float:
+    """Mean PNG bytes of MiniDesk's first screen of `n` training tasks at `width`x`height`:
+    what one screenshot in a prompt, a step and a request weighs in this run."""
+    from dart_ray.config import EnvConfig
+    from dart_ray.envs.minidesk.env import MiniDeskEnv
+    from dart_ray.envs.minidesk.generate import load_tasks
+
+    env = MiniDeskEnv(EnvConfig(screen_width=width, screen_height=height))
+    tasks = load_tasks(split="train")[:n]
+    return sum(len(env.reset(t).screenshot) for t in tasks) / max(1, len(tasks))
 
 
 def cores(a: Snapshot, b: Snapshot) -> dict[str, dict[str, float]]:
@@ -121,6 +173,10 @@ class Window:
     start: Snapshot | None = None
     end: Snapshot | None = None
     counters: dict[str, dict[str, float]] = field(default_factory=dict)
+    rss: list[dict[str, float]] = field(default_factory=list)
+    """Each part's RSS at every tick inside the window."""
+    uss: dict[str, float] = field(default_factory=dict)
+    """Each part's USS when the window closed."""
 
     def count(self, parts: runtime.Parts) -> dict[str, float]:
         stats = ray.get([s.stats.remote() for s in parts.sessions])
@@ -143,6 +199,8 @@ class Window:
             self.counters["start"] = self.count(parts)
             self.start = snapshot()
             console().log(f"{len(parts.sessions)} sessions: measuring from here")
+        elif self.start is not None and self.end is None and now < self.warmup_s + self.window_s:
+            self.rss.append(snapshot().rss)
         elif self.start is not None and self.end is None and now >= self.warmup_s + self.window_s:
             self.close(parts)
             console().log(f"{len(parts.sessions)} sessions: window closed")
@@ -151,6 +209,7 @@ class Window:
         if self.start is not None and self.end is None:
             self.counters["end"] = self.count(parts)
             self.end = snapshot()
+            self.uss = uss()
 
 
 def make_config(args: argparse.Namespace, n: int, root: Path, index: int) -> Config:
@@ -170,9 +229,17 @@ def make_config(args: argparse.Namespace, n: int, root: Path, index: int) -> Con
         f"rollout.in_flight={n}",
         f"policy.max_ongoing_requests={max(256, 2 * n)}",
         f"policy.http_port={args.port + index}",
+        *screen_overrides(args.screen),
         *args.set,
     ]
     return load_config(args.config, overrides)
+
+
+def screen_overrides(screen: str | None) -> list[str]:
+    if not screen:
+        return []
+    w, h = (int(x) for x in screen.lower().split("x"))
+    return [f"env.screen_width={w}", f"env.screen_height={h}"]
 
 
 def run_one(args: argparse.Namespace, n: int, root: Path, index: int) -> dict[str, Any]:
@@ -220,11 +287,56 @@ def run_one(args: argparse.Namespace, n: int, root: Path, index: int) -> dict[st
             }
             for k, u in sorted(used.items(), key=lambda kv: -kv[1]["cores"])
         },
+        "memory": memory(win, n),
         "saturated": saturated,
         "train_steps": report.train_steps,
         "trajectories": sum(report.trajectories.values()),
         "dropped": report.dropped,
     }
+
+
+def memory(win: Window, n: int) -> dict[str, dict[str, float]]:
+    """Per memory part: RSS mean and peak over the window's samples, USS at its end, MiB;
+    and MiB per session of each."""
+    assert win.end is not None
+    samples = win.rss or [win.end.rss]
+    out = {}
+    for k in MEMORY_PARTS:
+        xs = [r.get(k, 0.0) / 2**20 for r in samples]
+        mean, peak, u = sum(xs) / len(xs), max(xs), win.uss.get(k, 0.0) / 2**20
+        out[k] = {"rss_mb": mean, "rss_peak_mb": peak, "uss_mb": u, "samples": len(xs),
+                  "processes": win.end.processes.get(k, 0), "rss_mb_per_session": mean / n,
+                  "uss_mb_per_session": u / n}  # fmt: skip
+    return out
+
+
+def marginal(runs: list[dict[str, Any]]) -> None:
+    """Add to each run after the first, per memory part, the MiB of RSS and of USS each session
+    beyond the previous run's adds (the slope; each process's fixed cost cancels)."""
+    for a, b in itertools.pairwise(runs):
+        dn = b["sessions"] - a["sessions"]
+        for k in MEMORY_PARTS:
+            ma, mb = a["memory"][k], b["memory"][k]
+            mb["rss_mb_per_added_session"] = (mb["rss_mb"] - ma["rss_mb"]) / dn if dn else 0.0
+            mb["uss_mb_per_added_session"] = (mb["uss_mb"] - ma["uss_mb"]) / dn if dn else 0.0
+
+
+def render_memory(results: dict[str, Any]) -> None:
+    runs = results["runs"]
+    t = table(f"SIMULATED: host memory by part, {results.get('screen')} screenshots "
+              f"({results.get('screenshot_kb', 0):.0f} KB PNG each), "
+              f"{results.get('history_images')} per prompt; MiB",
+              ("sessions", "part", "processes", "RSS mean", "RSS peak", "USS", "RSS / session",
+               "USS / session", "RSS / added session", "USS / added session"),
+              left={"part"})  # fmt: skip
+    for r in runs:
+        for k, m in r["memory"].items():
+            t.add_row(str(r["sessions"]), k, str(m["processes"]), f"{m['rss_mb']:.0f}",
+                      f"{m['rss_peak_mb']:.0f}", f"{m['uss_mb']:.0f}",
+                      f"{m['rss_mb_per_session']:.2f}", f"{m['uss_mb_per_session']:.2f}",
+                      f"{m['rss_mb_per_added_session']:.3f}" if "rss_mb_per_added_session" in m else "-",
+                      f"{m['uss_mb_per_added_session']:.3f}" if "uss_mb_per_added_session" in m else "-")  # fmt: skip
+    console().print(t)
 
 
 def render(results: dict[str, Any]) -> None:
@@ -256,6 +368,8 @@ def render(results: dict[str, Any]) -> None:
             p.add_row(k, f"{v['cores']:.3f}", f"{v['busiest_process_cores']:.3f}",
                       f"{v['rss_mb']:.0f}", str(v["processes"]))  # fmt: skip
         console().print(p)
+    if all("memory" in r for r in runs):
+        render_memory(results)
 
 
 def parse_args(argv: list[str] | None) -> Bench:
@@ -264,6 +378,11 @@ def parse_args(argv: list[str] | None) -> Bench:
     p.add_argument("--minutes", type=float, default=3.0, help="measured window of each")
     p.add_argument("--warmup", type=float, default=60.0, help="seconds before the window")
     p.add_argument("--per-actor", type=int, default=64, help="env.sessions_per_actor")
+    p.add_argument("--include", type=Path, action="append", default=[], metavar="JSON",
+                   help="runs of an earlier scale.json to put before this run's (one table, "
+                   "one marginal: a long sweep split into runs that fit)")  # fmt: skip
+    p.add_argument("--screen", default=None, metavar="WxH",
+                   help="env.screen_width x env.screen_height (default: the config's)")  # fmt: skip
     add_run_args(p, scale=1.0, port=8260)
     return Bench.start(p, argv, f"{psutil.virtual_memory().total / 2**30:.0f} GiB")
 
@@ -273,7 +392,23 @@ def main(argv: list[str] | None = None) -> int:
     root = run_root(bench.args, "scale")
     counts = [int(x) for x in bench.args.sessions.split(",") if x.strip()]
     runs = [run_one(bench.args, n, root, i) for i, n in enumerate(counts)]
-    results: dict[str, Any] = {"simulated": True, **bench.meta, "runs": runs}
+    earlier = [
+        {**r, "from": r.get("from") or str(f)}
+        for f in bench.args.include
+        for r in json.loads(f.read_text())["runs"]
+    ]
+    runs = sorted(earlier + runs, key=lambda r: r["sessions"])
+    marginal(runs)
+    cfg = make_config(bench.args, counts[0], root, 0)
+    w, h = cfg.env.screen_width, cfg.env.screen_height
+    results: dict[str, Any] = {
+        "simulated": True,
+        **bench.meta,
+        "screen": f"{w}x{h}",
+        "history_images": cfg.policy.history_images,
+        "screenshot_kb": screenshot_bytes(w, h) / 1e3,
+        "runs": runs,
+    }
     render(results)
     bench.write(results, note=f"runs in {root}")
     return 0
