@@ -11,7 +11,8 @@ parameters (Qwen2-shaped: `q_proj` ... `down_proj` as `nn.Linear`s, the shapes o
 - **full**: the model's whole state dict, as `dart_ray/train/worker.py` publishes it today;
 - **adapter**: `peft.get_peft_model_state_dict` of the same model wrapped by
   `peft.get_peft_model` (LoRA rank `--rank`, alpha `--alpha`, target modules q, k, v, o, gate,
-  up, down), what a LoRA trainer publishes.
+  up, down), what a LoRA trainer publishes; in the model's dtype (`autocast_adapter_dtype=
+  False`: peft's default keeps adapters in float32, twice the bytes).
 
 Each goes dart-ray's way (`dart_ray/models/weights.py`): the publisher `ray.put(pack(state))`
 once (into a warmed object store, as rank 0 does with `train.warm_object_store`), and a replica
@@ -114,10 +115,13 @@ def lora_config(rank: int, alpha: int, targets: list[str] | str) -> Any:
 
 
 def with_lora(model: torch.nn.Module, rank: int, alpha: int) -> torch.nn.Module:
-    """`model` wrapped by peft in place, its LoRA B matrices made non-zero (as after training)."""
+    """`model` wrapped by peft in place, its LoRA B matrices made non-zero (as after training).
+    The adapter keeps the model's dtype (peft's default would upcast it to float32: twice the
+    bytes to publish)."""
     from peft import get_peft_model
 
-    wrapped = get_peft_model(model, lora_config(rank, alpha, TARGETS))  # type: ignore[arg-type]
+    config = lora_config(rank, alpha, TARGETS)
+    wrapped = get_peft_model(model, config, autocast_adapter_dtype=False)  # type: ignore[arg-type]
     with torch.no_grad():
         for n, p in wrapped.named_parameters():
             if "lora_B" in n:
@@ -230,7 +234,9 @@ def seven_b(rank: int, alpha: int, dtype_bytes: int = 2) -> dict[str, Any]:
         params = sum(p.numel() for p in model.parameters())
         vision = sum(p.numel() for n, p in model.named_parameters() if ".visual." in f".{n}")
         out["full"] = {"params": params, "vision_params": vision, "bytes": params * dtype_bytes}
-        wrapped = get_peft_model(model, lora_config(rank, alpha, targets))
+        wrapped = get_peft_model(
+            model, lora_config(rank, alpha, targets), autocast_adapter_dtype=False
+        )
         state = get_peft_model_state_dict(wrapped)
         n = sum(t.numel() for t in state.values())
         modules = len([k for k in state if "lora_A" in k])
