@@ -116,5 +116,6 @@ def test_train_lora_is_configured_and_checked() -> None:
     spec = lora.adapter_spec(cfg.train.lora)
     assert spec is not None and spec.rank == 8 and spec.scaling == 64 / 8
     assert lora.adapter_spec(load_config(None, []).train.lora) is None
-    with pytest.raises(Exception, match="vLLM engine does not load published adapters"):
-        load_config(None, ["train.lora.enabled=true", "policy.engine=vllm"])
+    with pytest.raises(Exception, match=r"needs policy\.vllm_max_lora_rank >= 8 \(got 0\)"):
+        load_config(None, ["train.lora.enabled=true", "train.lora.rank=8", "policy.engine=vllm"])
+    load_config(None, ["train.lora.enabled=true", "policy.engine=vllm", "policy.vllm_max_lora_rank=32"])  # fmt: skip
