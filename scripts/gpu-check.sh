@@ -13,6 +13,7 @@
 #                (two pinned buffers, overlapped) vs the pinned host->device and device->device
 #                floors (dry run: 10M and 100M on the CPU)
 #   staged-exact the staged load's exactness test (tests/test_weights.py, marker gpu)
+#   vllm-lora    LoRA adapters published to the vLLM engine (tests/engines/test_vllm.py -k lora)
 #   gpu-tier     `pytest -m gpu` (the recipe on vLLM and NCCL) where Ray and vLLM import;
 #                a bare GPU machine without them records the step as not run, naming what
 #                is missing (the GPU machines lent here cannot install packages, and a Ray
@@ -82,13 +83,23 @@ import importlib.util
 print(' '.join(m for m in ('vllm',) if importlib.util.find_spec(m) is None))")
   if [ -n "$missing" ] && [ $DRY = 0 ]; then
     skip gpu-tier "$missing is not installed for $PYTHON"
+    skip vllm-lora "$missing is not installed for $PYTHON"
   else
     # dry run: collected and skipped without CUDA, which checks that the tier imports
     step gpu-tier 240 "$PYTHON" -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_recipe.py
+    # train.lora on vLLM: published adapters served as LoRA adapters, answers as the
+    # transformers engine's with the same adapters (on CPU: .venv-vllm's `make test-vllm`)
+    if [ -n "$missing" ]; then
+      skip vllm-lora "$missing is not installed for $PYTHON"
+    else
+      step vllm-lora 180 "$PYTHON" -m pytest -q -p no:cacheprovider -m vllm -k lora \
+        tests/engines/test_vllm.py
+    fi
   fi
 else
   skip staged-exact "the project's dependencies (Ray, pydantic, SQLAlchemy) are not installed for $PYTHON"
   skip gpu-tier "Ray and vLLM are not installed for $PYTHON"
+  skip vllm-lora "Ray and vLLM are not installed for $PYTHON"
 fi
 
 echo

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+import torch
 
-from dart_ray.config import load_config
+from dart_ray.config import Config, load_config
 from dart_ray.run import driver
 from dart_ray.store import open_store
 from dart_ray.store.db import RowState, checkpoint, dataset_usage_events, rollout_run
@@ -107,3 +108,53 @@ def test_a_short_run_accounts_for_everything(mode: str, tmp_path: Path) -> None:
     assert states[RowState.CONSUMED] == report.rows_trained == len(acks)
     assert versions == [1, 2]  # only up
     store.dispose()
+
+
+def test_a_lora_run_moves_only_adapters_resumes_from_them_and_evaluates(tmp_path: Path) -> None:
+    """`train.lora` end to end: the trainer trains adapters, the replicas sample with the
+    published adapters (the on-policy log-prob gap is float noise), checkpoints are adapter
+    folders tied to their base, a resumed run continues from them, `dart-ray eval` loads one."""
+    from dart_ray.evaluation.local import run_eval
+    from dart_ray.models import lora
+
+    def config(*extra: str) -> Config:
+        return load_config(
+            REPO / "configs" / "tiny-cpu.toml",
+            [
+                f"run.root_dir={tmp_path}",
+                "run.run_id=e2e-lora",
+                "run.eval_tasks=0",
+                "run.max_minutes=8",
+                "env.num_sessions=2",
+                "rollout.in_flight=2",
+                "rollout.max_steps=2",
+                "policy.max_new_tokens=24",
+                "curation.groups_per_step=1",
+                "curation.drop_no_signal=false",
+                "train.save_every=1",
+                "train.lora.enabled=true",
+                "train.lora.rank=4",
+                "policy.http_port=8132",
+                *extra,
+            ],
+        )
+
+    report = driver.train(config("run.max_versions=2"))
+    assert report.versions == 2 and report.sync_count == 2
+    onpolicy = [r["onpolicy_logp_diff_abs"] for r in report.off_policy if "onpolicy_logp_diff_abs" in r]  # fmt: skip
+    assert onpolicy and max(onpolicy) < 1e-3
+    ckpts = tmp_path / "e2e-lora" / "checkpoints"
+    for v in ("v1", "v2"):
+        assert (
+            lora.is_adapter_checkpoint(ckpts / v) and not (ckpts / v / "model.safetensors").exists()
+        )
+    assert lora.base_folder(ckpts / "v2") == (REPO / "fixtures" / "tiny-sft").resolve()
+    v2 = lora.read_adapter_checkpoint(ckpts / "v2")[2]
+
+    resumed = driver.train(config("run.max_versions=3", "run.resume=true"))
+    assert resumed.policy_version == 3
+    v3 = lora.read_adapter_checkpoint(ckpts / "v3")[2]
+    assert set(v3) == set(v2) and any(not torch.equal(v3[k], v2[k]) for k in v2)
+
+    result = run_eval(config(), ckpts / "v3", "heldout", n_tasks=2)
+    assert len(result.per_task) == 2 and result.greedy

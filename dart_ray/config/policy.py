@@ -107,6 +107,11 @@ class PolicyConfig(Section):
     """vLLM: top log-probs per token used to estimate the entropy (a lower bound); -1 returns
     the whole vocabulary (exact entropy; affordable for small vocabularies only)."""
 
+    vllm_max_lora_rank: int = Field(default=0, ge=0)
+    """vLLM: the largest LoRA rank the engine takes (0: LoRA off). Must be at least
+    `train.lora.rank` when a run trains adapters on the vLLM engine; vLLM then serves every
+    published version as a LoRA adapter on the base weights."""
+
     @field_validator("vllm_logprobs_topk")
     @classmethod
     def _topk(cls, v: int) -> int:

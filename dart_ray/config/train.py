@@ -52,6 +52,37 @@ class AlgoConfig(Section):
         return self
 
 
+class LoraConfig(Section):
+    """`[train.lora]`: train low-rank adapters instead of every weight (docs/TRAINING.md,
+    "LoRA"). Only the adapters are trained, published and checkpointed."""
+
+    enabled: bool = False
+    """Train LoRA adapters (peft) on the policy; the base weights stay frozen."""
+    rank: int = Field(default=32, ge=1)
+    """r, the adapters' rank ("LoRA Without Regret": RL is matched by full fine-tuning even at
+    small ranks; 32 on a 7B model is ~80 MB of bf16 adapters)."""
+    alpha: float = Field(default=64.0, gt=0)
+    """The adapters' output is scaled by alpha / rank."""
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    """Dropout on the adapters' input in training (0: the trainer's and the engine's log-probs
+    of a sample are the same function)."""
+    target_modules: tuple[str, ...] = (
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    )
+    """Names of the linear layers that get adapters (every attention and MLP projection of the
+    language model: the placement "LoRA Without Regret" recommends)."""
+    vision: bool = False
+    """Also adapt the vision tower's layers of those names (add `qkv` and `proj` to
+    `target_modules` for its attention). Off: the vision encoder stays the base's, as vLLM
+    applies LoRA only to the language model."""
+
+
 class TrainConfig(Section):
     num_workers: int = Field(default=1, ge=1)
     """Ray Train workers (FSDP2 ranks)."""
@@ -96,3 +127,5 @@ class TrainConfig(Section):
     at once, so it is off for the laptop default."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
+    lora: LoraConfig = LoraConfig()
+    """LoRA adapters instead of full fine-tuning (`[train.lora]`)."""

@@ -63,6 +63,17 @@ class Config(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _lora_engine(self) -> Config:
+        lo, p = self.train.lora, self.policy
+        if lo.enabled and p.engine == "vllm" and p.vllm_max_lora_rank < lo.rank:
+            raise ValueError(
+                f"train.lora.rank = {lo.rank} on the vLLM engine needs policy.vllm_max_lora_rank "
+                f">= {lo.rank} (got {p.vllm_max_lora_rank}): vLLM reserves LoRA slots of that "
+                "rank at start"
+            )
+        return self
+
     def redacted(self) -> dict[str, Any]:
         """A JSON-able dict safe to print, log or store (secrets masked)."""
         return redact(self.model_dump(mode="json"))

@@ -52,7 +52,7 @@ from dart_ray.engines.base import (
     versions_per_token,
 )
 from dart_ray.models.loading import EncodedPrompt, PolicyProcessor, load_model
-from dart_ray.models.weights import PackedWeights, load_into, share_into
+from dart_ray.models.weights import PackedWeights, load_into, load_packed_adapter, share_into
 
 
 class _Sampler(LogitsProcessor):
@@ -151,7 +151,9 @@ class HFEngine(Engine):
             return await asyncio.to_thread(self.generate_sync, encoded, params, lease, boundary)
 
     async def _load(self, weights: PackedWeights) -> None:
-        if self.weights_load == "share" and self.device == "cpu":
+        if weights.adapter is not None:  # LoRA: the base stays, the adapters are copied in
+            await asyncio.to_thread(load_packed_adapter, self.model, weights)
+        elif self.weights_load == "share" and self.device == "cpu":
             await asyncio.to_thread(share_into, self.model, weights)
             self._shared = weights  # the previous version's mapping is released here
         else:

@@ -21,12 +21,15 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import shutil
 import tempfile
 import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from dart_ray.config import PolicyConfig
 from dart_ray.engines.base import (
@@ -36,8 +39,9 @@ from dart_ray.engines.base import (
     PreparedRequest,
     SamplingParams,
 )
+from dart_ray.models import lora
 from dart_ray.models.loading import PolicyProcessor, check_model_dir
-from dart_ray.models.weights import PackedWeights
+from dart_ray.models.weights import PackedWeights, unpack
 
 WORKER_EXTENSION = "dart_ray.engines.vllm_worker.WeightLoaderExtension"
 SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
@@ -56,13 +60,20 @@ class VLLMEngine(Engine):
         logprobs_topk: int = 20,
         max_num_seqs: int = 32,
         seed: int = 0,
+        max_lora_rank: int = 0,
     ) -> None:
         super().__init__()
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
         path = check_model_dir(model_path)
+        adapter = None
+        if lora.is_adapter_checkpoint(path):  # a LoRA run's checkpoint: its base + adapters
+            base, spec, state = lora.read_adapter_checkpoint(path)
+            adapter, path = (spec, state), check_model_dir(base)
         self.processor = PolicyProcessor.from_dir(path)
+        self.max_lora_rank = max_lora_rank
+        self._lora: Any = None  # the LoRARequest of the version served, when adapters are
         self.bias = {i: -100.0 for i in self.processor.suppressed_ids(allow_special_tokens)}
         self.logprobs_topk = logprobs_topk
         args = AsyncEngineArgs(
@@ -77,8 +88,14 @@ class VLLMEngine(Engine):
             logprobs_mode="processed_logprobs",
             max_logprobs=logprobs_topk,
             worker_extension_cls=WORKER_EXTENSION,
+            enable_lora=max_lora_rank > 0,
+            max_lora_rank=max_lora_rank or None,
+            max_loras=1,
         )
         self.llm: Any = AsyncLLM.from_engine_args(args)
+        self._initial_adapter = adapter
+        self._adapter_lock = asyncio.Lock()
+        self._base_dir = path
 
     @classmethod
     def from_config(cls, cfg: PolicyConfig, model_path: str | Path) -> VLLMEngine:
@@ -90,6 +107,7 @@ class VLLMEngine(Engine):
             cfg.vllm_kv_cache_mb,
             cfg.vllm_logprobs_topk,
             cfg.max_batch_size,
+            max_lora_rank=cfg.vllm_max_lora_rank,
         )
 
     def prepare(self, request: GenerateRequest, defaults: SamplingParams) -> PreparedRequest:
@@ -117,7 +135,15 @@ class VLLMEngine(Engine):
         if r.images:
             prompt["multi_modal_data"] = {"image": list(r.images)}
         final = None
-        async for out in self.llm.generate(prompt, self._params(r.sampling), uuid.uuid4().hex):
+        if self._initial_adapter is not None:  # started from a LoRA checkpoint
+            async with self._adapter_lock:
+                if self._initial_adapter is not None:
+                    await self._add_adapter(*self._initial_adapter)
+                    self._initial_adapter = None
+        stream = self.llm.generate(
+            prompt, self._params(r.sampling), uuid.uuid4().hex, lora_request=self._lora
+        )
+        async for out in stream:
             final = out
         assert final is not None and final.outputs
         o = final.outputs[0]
@@ -153,6 +179,11 @@ class VLLMEngine(Engine):
             return list(await asyncio.gather(*(self._one(r, lease.version) for r in requests)))
 
     async def _load(self, weights: PackedWeights) -> None:
+        if weights.adapter is not None:
+            await self._add_adapter(weights.adapter, dict(unpack(weights)))
+            return
+        if self._lora is not None:
+            raise ValueError("full weights for an engine serving LoRA adapters: publish adapters")
         path = SHM_DIR / f"dart-ray-weights-{uuid.uuid4().hex}.bin"
         try:
             offsets = await asyncio.to_thread(_write_flat, path, weights)
@@ -169,6 +200,29 @@ class VLLMEngine(Engine):
         await self.llm.reset_encoder_cache()
         await self.llm.reset_prefix_cache()
         await self.llm.reset_mm_cache()
+
+    async def _add_adapter(self, spec: lora.AdapterSpec, state: dict[str, torch.Tensor]) -> None:
+        """Serve these adapters from now on: written as peft's folder to shared memory, added
+        to vLLM under a new id (vLLM keys its caches by adapter), the previous one removed."""
+        from vllm.lora.request import LoRARequest
+
+        if spec.rank > self.max_lora_rank:
+            raise ValueError(
+                f"a LoRA adapter of rank {spec.rank} for a vLLM engine started with "
+                f"policy.vllm_max_lora_rank = {self.max_lora_rank}"
+            )
+        prev = self._lora
+        n = 1 if prev is None else prev.lora_int_id + 1
+        path = SHM_DIR / f"dart-ray-lora-{uuid.uuid4().hex}"
+        path.mkdir()
+        base = str(self._base_dir)
+        await asyncio.to_thread(lora.write_adapter, path, spec, state, base)
+        req = LoRARequest(f"dart-ray-{n}", n, str(path))
+        await self.llm.add_lora(req)
+        self._lora = req
+        if prev is not None:
+            await self.llm.remove_lora(prev.lora_int_id)
+            shutil.rmtree(prev.lora_path, ignore_errors=True)
 
     async def close(self) -> None:
         llm, self.llm = self.llm, None

@@ -23,6 +23,7 @@ from PIL import Image, UnidentifiedImageError
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen2_5_VLForConditionalGeneration
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
+from dart_ray.models import lora
 from dart_ray.uitars.prompts import BadRequest, ChatMessage, to_template
 
 SUPPORTED_MODEL_TYPES = ("qwen2_5_vl",)
@@ -186,7 +187,16 @@ class PolicyProcessor:
 def load_model(
     path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"
 ) -> Qwen2_5_VLForConditionalGeneration:
-    """The policy model from a checked folder, in eval mode."""
+    """The policy model from a checked folder, in eval mode. A LoRA checkpoint (an adapter
+    folder, `dart_ray.models.lora`) loads its base and applies the adapters unmerged, so a
+    server started from it takes later adapter versions in place."""
     p = check_model_dir(path)
+    if lora.is_adapter_checkpoint(p):
+        base, spec, state = lora.read_adapter_checkpoint(p)
+        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
+            check_model_dir(base), dtype=dtype
+        )
+        lora.load_adapter(model, spec, {k: v.to(dtype) for k, v in state.items()})
+        return model.to(device).eval()
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(p, dtype=dtype)
     return model.to(device).eval()

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from dart_ray.models.lora import AdapterSpec, load_adapter
+
 _DTYPES: dict[str, torch.dtype] = {
     str(d): d
     for d in (
@@ -55,6 +57,9 @@ class PackedWeights:
     metas: tuple[TensorMeta, ...]
     arrays: tuple[np.ndarray, ...]
     """One uint8 array per tensor, its raw bytes."""
+    adapter: AdapterSpec | None = None
+    """Set when the tensors are LoRA adapters (`dart_ray.models.lora`), not the whole model:
+    the receiver applies them to its base weights (`load_adapter`)."""
 
     @property
     def nbytes(self) -> int:
@@ -64,8 +69,11 @@ class PackedWeights:
         return len(self.metas)
 
 
-def pack(state_dict: Mapping[str, torch.Tensor]) -> PackedWeights:
-    """Byte views of each tensor (a copy only for non-contiguous or non-CPU tensors)."""
+def pack(
+    state_dict: Mapping[str, torch.Tensor], adapter: AdapterSpec | None = None
+) -> PackedWeights:
+    """Byte views of each tensor (a copy only for non-contiguous or non-CPU tensors);
+    `adapter` marks a state dict of LoRA adapters."""
     metas: list[TensorMeta] = []
     arrays: list[np.ndarray] = []
     for name, t in state_dict.items():
@@ -77,7 +85,7 @@ def pack(state_dict: Mapping[str, torch.Tensor]) -> PackedWeights:
         t = t.contiguous()
         metas.append(TensorMeta(name, str(t.dtype), tuple(t.shape)))
         arrays.append(t.reshape(-1).view(torch.uint8).numpy())
-    return PackedWeights(tuple(metas), tuple(arrays))
+    return PackedWeights(tuple(metas), tuple(arrays), adapter)
 
 
 def unpack(packed: PackedWeights) -> Iterator[tuple[str, torch.Tensor]]:
@@ -122,6 +130,14 @@ def load_into(model: torch.nn.Module, packed: PackedWeights, strict: bool = True
         dst.data.copy_(src)
         copied += src.numel() * src.element_size()
     return copied
+
+
+def load_packed_adapter(model: torch.nn.Module, packed: PackedWeights) -> int:
+    """Apply published LoRA adapters to the model in place (its base weights stay); returns
+    bytes copied. The first call injects the LoRA layers."""
+    if packed.adapter is None:
+        raise ValueError("these weights are a whole model, not adapters")
+    return load_adapter(model, packed.adapter, dict(unpack(packed)))
 
 
 @torch.no_grad()

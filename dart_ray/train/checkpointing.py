@@ -2,7 +2,9 @@
 state and the trainer's position, so a resumed run continues at the right step and version.
 
 Layout of `<run_dir>/checkpoints/v<version>/`:
-    config.json, model.safetensors, tokenizer + processor files   (the HF folder)
+    config.json, model.safetensors, tokenizer + processor files   (the HF folder; with LoRA,
+        adapter_config.json + adapter_model.safetensors + dart_ray_base.json instead of the
+        weights: peft's adapter folder and the base model it applies to)
     optimizer.pt                                                  (full optimizer state)
     trainer_state.json        ({"step": k, "version": v, "rows": [...]}: the log rows whose
                                training this checkpoint holds and no earlier one does)
@@ -18,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from dart_ray.models.lora import AdapterSpec, save_adapter_checkpoint
 
 # Files of an HF model folder that are not weights: copied from the source model folder.
 _AUX = (
@@ -58,12 +62,19 @@ def save_checkpoint(
     optimizer_state: dict[str, object] | None,
     source_dir: Path,
     state: TrainerState,
+    adapter: AdapterSpec | None = None,
 ) -> Path:
-    """Write the checkpoint folder (call on rank 0 with the full state dict)."""
+    """Write the checkpoint folder (call on rank 0 with the full state dict). With `adapter`,
+    `state_dict` holds the LoRA adapters: the folder is then peft's adapter folder with the
+    base's identity and the base's config.json (`dart_ray.models.lora`)."""
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp, state_dict=state_dict)  # type: ignore[operator]
+    if adapter is None:
+        model.save_pretrained(tmp, state_dict=state_dict)  # type: ignore[operator]
+    else:
+        save_adapter_checkpoint(tmp, adapter, state_dict, source_dir)
+        shutil.copy2(source_dir / "config.json", tmp / "config.json")
     for name in _AUX:
         if (source_dir / name).is_file():
             shutil.copy2(source_dir / name, tmp / name)

@@ -17,6 +17,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+
+from dart_ray.models.lora import is_adapter
 
 BLOCK_SUFFIXES = ("DecoderLayer", "VisionBlock")
 
@@ -52,6 +55,18 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(
         model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
     )
+
+
+def full_adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The LoRA adapters' full tensors on rank 0 (CPU), empty elsewhere: only they are
+    gathered, not the frozen base. Every rank must call it (one all-gather per tensor)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, p in model.named_parameters():
+        if not is_adapter(name):
+            continue
+        t = p.full_tensor() if isinstance(p, DTensor) else p
+        out[name] = t.detach().cpu()
+    return out if not dist.is_initialized() or dist.get_rank() == 0 else {}
 
 
 def load_full_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:

@@ -168,7 +168,8 @@ class Learner:
         self.s = settings
         self.grad_clip = grad_clip
         self.tokens_per_micro = tokens_per_micro
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+        trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters
+        self.optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda k: min(1.0, (k + 1) / (warmup_steps + 1))
         )

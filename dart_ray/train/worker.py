@@ -46,11 +46,12 @@ from torch.distributed.checkpoint.state_dict import (
 
 from dart_ray.config import Config
 from dart_ray.data.batches import TOKEN_LAG, token_lags
+from dart_ray.models import lora
 from dart_ray.models.loading import PolicyProcessor, load_model
 from dart_ray.models.weights import pack, warm_object_store
 from dart_ray.store import Claim, Store, open_store
 from dart_ray.train.checkpointing import TrainerState, read_trainer_state, save_checkpoint
-from dart_ray.train.fsdp import comm_device, full_state_dict, shard_model
+from dart_ray.train.fsdp import comm_device, full_adapter_state, full_state_dict, shard_model
 from dart_ray.train.learner import Learner, loss_settings
 from dart_ray.train.leases import LeaseKeeper
 from dart_ray.train.timing import timed_step
@@ -156,6 +157,8 @@ class Publisher:
         self.policy = serve.get_deployment_handle("PolicyServer", job.policy_app)
         # renews from its own thread: a step, a publish or a save may outlast the lease
         self.leases = LeaseKeeper(store.log, job.config.curation.lease_s).start()
+        self.adapter = lora.adapter_spec(job.config.train.lora)
+        """Set when the run trains LoRA adapters: they are what is published and saved."""
         self.trained_at: dict[int, int] = {}
         """Step -> the version of the weights that trained it, until it is durable."""
         if job.config.train.warm_object_store:  # now, while the first batch is being rolled out
@@ -186,7 +189,7 @@ class Publisher:
         )
         cps.start(cid)
         try:
-            ref = ray.put(pack(state))  # once; replicas on this node read it zero-copy
+            ref = ray.put(pack(state, self.adapter))  # once; replicas on this node: zero-copy
             report = self.policy.update_weights.remote(version, [ref]).result()
             behind = {r: v for r, v in report.replicas.items() if v < version}
             if behind:
@@ -219,7 +222,8 @@ class Publisher:
             trained_at = {v: tuple(sorted(rs)) for v, rs in by_version.items()}
             at = TrainerState(at.step, at.version, lineage, trained_at)
             out = Path(self.job.run_dir) / "checkpoints" / f"v{at.version}"
-            path = str(save_checkpoint(out, model, state, opt_state, Path(self.job.model_dir), at))
+            src = Path(self.job.model_dir)
+            path = str(save_checkpoint(out, model, state, opt_state, src, at, self.adapter))
             # every trained row must still be held before the checkpoint becomes the durable
             # record of its training (LeaseLostError: restart from the previous one)
             self.leases.renew()
@@ -257,16 +261,38 @@ def _learner(
     )
 
 
+def _load_policy(job: TrainJob) -> torch.nn.Module:
+    """The weights to train: the model folder's, with LoRA adapters when `train.lora` asks
+    for them (fresh, or a LoRA checkpoint's when resuming one; its settings must match)."""
+    spec = lora.adapter_spec(job.config.train.lora)
+    resumed = lora.is_adapter_checkpoint(job.model_dir)
+    if resumed and spec is None:
+        raise lora.AdapterError(
+            f"{job.model_dir} holds LoRA adapters but train.lora.enabled is false"
+        )
+    model = load_model(job.model_dir)
+    if spec is None:
+        return model
+    if resumed:
+        _, saved, _ = lora.read_adapter_checkpoint(job.model_dir)
+        if saved != spec:
+            raise lora.AdapterError(
+                f"{job.model_dir} holds adapters {saved}; train.lora asks {spec}"
+            )
+        return model
+    return lora.add_adapters(model, spec)
+
+
 def _build(job: TrainJob) -> tuple[torch.nn.Module, Learner]:
     c = job.config
     processor = PolicyProcessor.from_dir(job.model_dir)
-    model = load_model(job.model_dir)
+    model = _load_policy(job)
     if c.train.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     device = "cuda" if c.train.use_gpu else "cpu"
     learner = _learner(job, shard_model(model, device), processor, device)
-    if c.algo.kl_beta > 0:
-        learner.ref_model = shard_model(load_model(job.model_dir), device)
+    if c.algo.kl_beta > 0:  # with LoRA the reference is the frozen base
+        learner.ref_model = shard_model(load_model(lora.base_folder(job.model_dir)), device)
     opt_file = Path(job.model_dir) / "optimizer.pt"
     if opt_file.is_file():  # resuming from a durable checkpoint
         opt_state = torch.load(opt_file, weights_only=False) if _rank() == 0 else {}
@@ -321,7 +347,8 @@ def _train_steps(
         nonlocal version, synced_step, saved_step, last_cid, durable
         if bump:
             version += 1
-        state = full_state_dict(model)
+        # LoRA: only the adapters are gathered, published and saved
+        state = full_adapter_state(model) if c.train.lora.enabled else full_state_dict(model)
         opt_state = None
         if save:
             opt_state = get_optimizer_state_dict(

@@ -187,6 +187,55 @@ def test_in_place_update_changes_the_answers(
     assert same >= 2  # and most answers are token for token the same
 
 
+def test_lora_adapters_publish_in_place_and_answer_as_the_transformers_engine(
+    tiny_model_dir: Path, loop: asyncio.AbstractEventLoop
+) -> None:
+    """`train.lora` on vLLM: each published adapter version is added as a LoRA adapter on
+    the base weights (no restart), and vLLM answers as the transformers engine holding the
+    same adapters does; a second version replaces the first."""
+    from dart_ray.models import lora
+    from dart_ray.models.loading import load_model
+
+    spec = lora.AdapterSpec(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj", "down_proj"))
+
+    def adapters(seed: int) -> dict[str, torch.Tensor]:
+        torch.manual_seed(seed)
+        m = lora.add_adapters(load_model(tiny_model_dir), spec)
+        with torch.no_grad():
+            for n, p in m.named_parameters():
+                if ".lora_B." in n:
+                    p.normal_(0, 0.3)
+        return lora.adapter_state(m)
+
+    async def make() -> VLLMEngine:
+        return VLLMEngine(
+            tiny_model_dir, logprobs_topk=-1, kv_cache_mb=128, max_model_len=2048, max_lora_rank=8
+        )
+
+    engine = loop.run_until_complete(make())
+    hf = HFEngine(tiny_model_dir)
+    try:
+        base = _gen(engine, loop, REQUESTS, GREEDY)
+        for version, seed in ((1, 1), (2, 2)):
+            weights = pack(adapters(seed), spec)
+            loop.run_until_complete(engine.update_weights(version, weights))
+            loop.run_until_complete(hf.update_weights(version, weights))
+            ours = _gen(engine, loop, REQUESTS, GREEDY)
+            assert engine._lora.lora_int_id == version
+            for req, v in zip(REQUESTS, ours, strict=True):
+                # scored by transformers with the same adapters: every token vLLM chose is an
+                # argmax (to float noise at a near-tie) and its log-prob is vLLM's
+                assert v.weight_version == version
+                z = _logits(hf, req, v)
+                chosen = z.gather(-1, torch.tensor(v.response_ids)[:, None])[:, 0]
+                assert torch.all(z.max(-1).values - chosen < 2e-2)
+                want = z.log_softmax(-1).gather(-1, torch.tensor(v.response_ids)[:, None])[:, 0]
+                assert torch.allclose(torch.tensor(v.logprobs), want, atol=5e-3)
+        assert [g.response_ids for g in ours] != [g.response_ids for g in base]
+    finally:
+        loop.run_until_complete(engine.close())
+
+
 def test_checkpoint_names_are_the_saved_layout() -> None:
     assert checkpoint_name("model.language_model.layers.0.mlp.up_proj.weight") == (
         "model.layers.0.mlp.up_proj.weight"

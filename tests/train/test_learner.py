@@ -357,3 +357,24 @@ def test_the_default_config_takes_two_updates_per_batch_so_the_clip_binds(
     )
     metrics = learner.step(batch)
     assert metrics["updates"] == 2 and metrics["clip_frac_last"] > 0
+
+
+def test_with_train_lora_the_worker_steps_only_the_adapters(
+    engine: HFEngine, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The worker's own build (`_build`): adapters injected, the optimizer holds only them,
+    and a step moves them and nothing of the base."""
+    from dart_ray.models import lora
+    from dart_ray.train.worker import TrainJob, _build
+
+    cfg = load_config(None, ["train.lora.enabled=true", "train.lora.rank=4", "train.lr=1e-2"])
+    job = TrainJob(cfg, "lora", str(tiny_model_dir), str(tmp_path), "c", "p", "k", "ns")
+    model, learner = _build(job)
+    adapters = {n for n, _ in model.named_parameters() if lora.is_adapter(n)}
+    assert adapters and {n for n, p in model.named_parameters() if p.requires_grad} == adapters
+    optimized = {id(p) for g in learner.optimizer.param_groups for p in g["params"]}
+    assert optimized == {id(p) for n, p in model.named_parameters() if n in adapters}
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    learner.step(samples(engine, [1.0, -1.0, 1.0, -1.0]), version=0)
+    moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert moved and moved <= adapters
