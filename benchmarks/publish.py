@@ -9,16 +9,16 @@ parameters (Qwen2-shaped: `q_proj` ... `down_proj` as `nn.Linear`s, the shapes o
 `benchmarks/weight_load.py`), bf16 by default, both paths in the same run:
 
 - **full**: the model's whole state dict, as `dart_ray/train/worker.py` publishes it today;
-- **adapter**: `peft.get_peft_model_state_dict` of the same model wrapped by
-  `peft.get_peft_model` (LoRA rank `--rank`, alpha `--alpha`, target modules q, k, v, o, gate,
-  up, down), what a LoRA trainer publishes; in the model's dtype (`autocast_adapter_dtype=
-  False`: peft's default keeps adapters in float32, twice the bytes).
+- **adapter**: `dart_ray.models.lora.adapter_state` of the same model with LoRA layers
+  injected by `lora.add_adapters` (the trainer's own call: rank `--rank`, alpha `--alpha`,
+  target modules q, k, v, o, gate, up, down), what a `train.lora` trainer publishes, in the
+  model's dtype.
 
 Each goes dart-ray's way (`dart_ray/models/weights.py`): the publisher `ray.put(pack(state))`
 once (into a warmed object store, as rank 0 does with `train.warm_object_store`), and a replica
 (a Ray actor holding the same model and the same LoRA-wrapped model, as an engine would) gets
 the object and loads it into its parameters in place: `load_into` for the full weights,
-`peft.set_peft_model_state_dict` for the adapter. Timed: the put in the publisher, the get and
+`load_packed_adapter` (what the transformers engine runs) for the adapter. Timed: the put in the publisher, the get and
 the load inside the replica, and publish end to end (put + the actor call until it has
 loaded) from the publisher. Median of `--repeats` versions after one warm-up version; every
 version is checked (the replica's tensors equal the publisher's). Not in these figures: the
@@ -48,7 +48,14 @@ import torch
 from harness import Bench, console, local_ray, parser, table
 
 from dart_ray.config.timing import TimingConfig
-from dart_ray.models.weights import PackedWeights, load_into, pack, unpack, warm_object_store
+from dart_ray.models import lora
+from dart_ray.models.weights import (
+    PackedWeights,
+    load_into,
+    load_packed_adapter,
+    pack,
+    warm_object_store,
+)
 
 # hidden, intermediate, layers, heads, kv heads, vocab (benchmarks/weight_load.py's; 10M: 8 layers)
 SHAPES: dict[str, tuple[int, int, int, int, int, int]] = {
@@ -114,19 +121,19 @@ def lora_config(rank: int, alpha: int, targets: list[str] | str) -> Any:
     return LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=targets)
 
 
-def with_lora(model: torch.nn.Module, rank: int, alpha: int) -> torch.nn.Module:
-    """`model` wrapped by peft in place, its LoRA B matrices made non-zero (as after training).
-    The adapter keeps the model's dtype (peft's default would upcast it to float32: twice the
-    bytes to publish)."""
-    from peft import get_peft_model
+def spec(rank: int, alpha: int) -> lora.AdapterSpec:
+    return lora.AdapterSpec(rank, float(alpha), tuple(TARGETS))
 
-    config = lora_config(rank, alpha, TARGETS)
-    wrapped = get_peft_model(model, config, autocast_adapter_dtype=False)  # type: ignore[arg-type]
+
+def with_lora(model: torch.nn.Module, rank: int, alpha: int) -> torch.nn.Module:
+    """`model` with dart-ray's LoRA layers injected in place (`dart_ray.models.lora`, the
+    trainer's own call; adapters in the model's dtype), B made non-zero as after training."""
+    lora.add_adapters(model, spec(rank, alpha))
     with torch.no_grad():
-        for n, p in wrapped.named_parameters():
-            if "lora_B" in n:
+        for n, p in model.named_parameters():
+            if lora.is_adapter(n) and ".lora_B." in n:
                 p.uniform_(-0.01, 0.01)
-    return wrapped
+    return model
 
 
 def nbytes(state: dict[str, torch.Tensor]) -> int:
@@ -144,34 +151,26 @@ class Replica:
 
     def load(self, kind: str, refs: list[ray.ObjectRef]) -> dict[str, float]:
         """Get the version from the object store and load it in place; seconds of each."""
-        from peft import set_peft_model_state_dict
-
         t0 = time.perf_counter()
         packed: PackedWeights = ray.get(refs[0])
         t1 = time.perf_counter()
         if kind == "full":
             load_into(self.full, packed)
         else:
-            out = set_peft_model_state_dict(self.lora, dict(unpack(packed)))
-            if out.unexpected_keys:
-                raise ValueError(f"adapter keys the model lacks: {out.unexpected_keys[:5]}")
+            load_packed_adapter(self.lora, packed)  # what the transformers engine runs
         t2 = time.perf_counter()
         del packed
         return {"get": t1 - t0, "load": t2 - t1}
 
     def digest(self, kind: str) -> float:
         """A checksum of what was loaded (the parameters the publish writes)."""
-        from peft import get_peft_model_state_dict
-
-        state = self.full.state_dict() if kind == "full" else get_peft_model_state_dict(self.lora)
+        state = self.full.state_dict() if kind == "full" else lora.adapter_state(self.lora)
         return float(sum(t.float().sum() for t in state.values()))
 
 
 def bench_size(
     size: str, dtype: torch.dtype, rank: int, alpha: int, repeats: int
 ) -> dict[str, Any]:
-    from peft import get_peft_model_state_dict
-
     model = Decoder(size, dtype)
     full = dict(model.state_dict())  # views of the parameters, as with one unsharded rank
     params = sum(t.numel() for t in full.values())
@@ -186,9 +185,9 @@ def bench_size(
                 for n, p in wrapped.named_parameters():
                     if ("lora_" in n) == (kind == "adapter"):
                         p.add_(1e-3)
-            state = full if kind == "full" else get_peft_model_state_dict(wrapped)
+            state = full if kind == "full" else lora.adapter_state(wrapped)
             t0 = time.perf_counter()
-            ref = ray.put(pack(state))
+            ref = ray.put(pack(state, None if kind == "full" else spec(rank, alpha)))
             t1 = time.perf_counter()
             inner = ray.get(replica.load.remote(kind, [ref]))
             t2 = time.perf_counter()
