@@ -129,6 +129,12 @@ def test_config_show_masks_and_documents(
     assert '"name": "x"' in out and "mysql+pymysql://dart@db/dart" in out
     assert main(["config", "show", "--docs"]) == 0
     assert "Trajectories kept in flight" in capsys.readouterr().out
+    # --docs shows the resolved values (file + overrides), the code default beside a change
+    assert main(["config", "show", "--docs", "run.name=x", "policy.http_port=8123"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "run.name = 'x'  (default 'tiny-cpu')" in lines
+    assert "policy.http_port = 8123  (default 8000)" in lines
+    assert "run.seed = 0" in lines  # unchanged: no default beside it
 
 
 def test_model_init_writes_a_loadable_model(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
