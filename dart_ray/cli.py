@@ -4,6 +4,8 @@
     dart-ray db init     [--config F] [key=value ...]
     dart-ray status      [--config F] [--run RUN] [key=value ...]
     dart-ray model init  --out DIR [--force] [--seed N] [--min-pixels N] [--max-pixels N]
+    dart-ray serve       [--model DIR] [--engine hf|vllm] [--host H] [--port N] [--config F]
+                         [key=value ...]
 
 Every command loads and validates the configuration first; any configuration or storage
 problem ends the command with one clear line on stderr and exit code 2.
@@ -319,10 +321,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     from dart_ray.run.command import add_parser as add_train
     from dart_ray.run.command import add_sft_eval
+    from dart_ray.run.serving import add_parser as add_serve
     from dart_ray.uitars.actions import MAX_PIXELS, MIN_PIXELS
 
     add_train(sub, _add_config_args, _load)
     add_sft_eval(sub, _add_config_args, _load)
+    add_serve(sub, _add_config_args, _load)
 
     model = sub.add_parser("model", help="policy models")
     model_sub = model.add_subparsers(dest="action", required=True)
