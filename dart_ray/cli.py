@@ -4,6 +4,8 @@
     dart-ray db init     [--config F] [key=value ...]
     dart-ray status      [--config F] [--run RUN] [key=value ...]
     dart-ray model init  --out DIR [--force] [--seed N] [--min-pixels N] [--max-pixels N]
+    dart-ray serve       [--model DIR] [--engine hf|vllm] [--host H] [--port N] [--config F]
+                         [key=value ...]
 
 Every command loads and validates the configuration first; any configuration or storage
 problem ends the command with one clear line on stderr and exit code 2.
@@ -21,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from dart_ray.config import Config, ConfigError, field_docs, load_config, reference_markdown
+from dart_ray.config import Config, ConfigError, load_config, reference_markdown, resolved_docs
 from dart_ray.config.masking import install_log_masking
 from dart_ray.envs.base import EnvInputError
 from dart_ray.store import StoreError, open_store
@@ -51,8 +54,9 @@ def cmd_config_show(args: argparse.Namespace, out: Console) -> int:
     if args.markdown:
         print(reference_markdown(), end="")
     elif args.docs:
-        for key, default, doc in field_docs():
-            out.print(f"[bold]{key}[/] = {default}", highlight=False)
+        for key, value, default, doc in resolved_docs(cfg):
+            note = "" if value == default else f"  [dim](default {escape(default)})[/]"
+            out.print(f"[bold]{key}[/] = {escape(value)}{note}", highlight=False)
             out.print(f"    {doc}", highlight=False, soft_wrap=True)
     else:
         out.print_json(json.dumps(cfg.redacted()))
@@ -272,7 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
     cfg = sub.add_parser("config", help="inspect the configuration")
     cfg_sub = cfg.add_subparsers(dest="action", required=True)
     show = cfg_sub.add_parser("show", help="print the resolved configuration (secrets masked)")
-    show.add_argument("--docs", action="store_true", help="print every key with its meaning")
+    show.add_argument(
+        "--docs", action="store_true", help="print every key with its resolved value and meaning"
+    )
     show.add_argument("--markdown", action="store_true", help="the reference as Markdown")
     _add_config_args(show)
     show.set_defaults(fn=cmd_config_show)
@@ -315,10 +321,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     from dart_ray.run.command import add_parser as add_train
     from dart_ray.run.command import add_sft_eval
+    from dart_ray.run.serving import add_parser as add_serve
     from dart_ray.uitars.actions import MAX_PIXELS, MIN_PIXELS
 
     add_train(sub, _add_config_args, _load)
     add_sft_eval(sub, _add_config_args, _load)
+    add_serve(sub, _add_config_args, _load)
 
     model = sub.add_parser("model", help="policy models")
     model_sub = model.add_subparsers(dest="action", required=True)

@@ -2,8 +2,10 @@
 
 One replica holds one engine (`policy.engine`: transformers or vLLM). Requests arrive through
 a Serve handle (`generate(GenerateRequest) -> Generation`) from the rollouter, or over HTTP on
-an OpenAI-compatible `/v1/chat/completions` route (images as data URLs) so that evaluation
-tools can call the policy too. For the transformers engine, concurrent requests are batched
+an OpenAI-compatible `/v1/chat/completions` route (images as data URLs; `n`, `logprobs`,
+`top_logprobs`; the wire format in `serve_apps.openai_route`) so that evaluation tools can
+call the policy too. `deploy_policy` puts it where docs/POLICY.md says: at `/` when it is
+Serve's only application, else under `/<app>`. For the transformers engine, concurrent requests are batched
 by a `Batcher` (dart_ray.engines.batching: the next batch forms when the engine is free, from
 everything that queued meanwhile, up to `policy.max_batch_size`; a request waits at most
 `policy.batch_wait_ms` for company); vLLM batches by itself. In a timing-mode run (`[timing]`)
@@ -28,9 +30,7 @@ the ingress methods, or it takes `request` for a query parameter.)
 
 import asyncio
 import hmac
-import json
 import logging
-import math
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -45,6 +45,7 @@ from ray import ObjectRef, serve
 from ray.exceptions import ObjectLostError
 from ray.serve.config import AutoscalingConfig, DeploymentActorConfig
 from ray.serve.handle import DeploymentHandle
+from ray.serve.schema import LoggingConfig
 
 from dart_ray.config import ConfigError, PolicyConfig, TimingConfig, read_secret
 from dart_ray.engines import make_engine
@@ -60,6 +61,11 @@ from dart_ray.engines.timing import TimingEngine
 from dart_ray.models.loading import check_model_dir
 from dart_ray.models.weights import PackedWeights
 from dart_ray.uitars.prompts import BadRequest, from_openai
+from serve_apps.openai_route import (
+    choices_n,
+    openai_logprobs,
+    sampling_of,
+)
 from serve_apps.weight_registry import WeightRegistry
 
 log = logging.getLogger("ray.serve")
@@ -79,50 +85,6 @@ class UpdateReport:
 
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
-
-
-MAX_HTTP_TOKENS = 4096
-"""Largest `max_tokens` the HTTP route accepts (a bound on the work one request can ask)."""
-
-
-def _number(body: dict[str, Any], key: str, default: float, integer: bool = False) -> Any:
-    v = body.get(key)
-    if v is None:
-        return default
-    kind = int if integer else (int, float)
-    if (
-        isinstance(v, bool)
-        or not isinstance(v, kind)
-        or (isinstance(v, float) and not math.isfinite(v))
-    ):
-        what = "an integer" if integer else "a finite number"
-        raise BadRequest(f"{key} must be {what}, got {json.dumps(v)[:60]}")
-    return v
-
-
-def _sampling(body: dict[str, Any], defaults: SamplingParams) -> SamplingParams:
-    """The sampling fields of an OpenAI request; BadRequest names the field that is wrong."""
-    temperature = _number(body, "temperature", defaults.temperature)
-    top_p = _number(body, "top_p", defaults.top_p)
-    top_k = _number(body, "top_k", defaults.top_k, integer=True)
-    max_tokens = _number(body, "max_tokens", defaults.max_new_tokens, integer=True)
-    stop = body.get("stop") or []
-    stop = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-        raise BadRequest("stop must be a string or a list of strings")
-    if temperature < 0:
-        raise BadRequest(f"temperature must be >= 0, got {temperature}")
-    if not 0 < top_p <= 1:
-        raise BadRequest(f"top_p must be in (0, 1], got {top_p}")
-    if top_k < 0:
-        raise BadRequest(f"top_k must be >= 0 (0: off), got {top_k}")
-    if max_tokens > MAX_HTTP_TOKENS:
-        raise BadRequest(f"max_tokens must be at most {MAX_HTTP_TOKENS}")
-    if max_tokens < 1:
-        raise BadRequest(f"max_tokens must be at least 1, got {max_tokens}")
-    return SamplingParams(
-        float(temperature), float(top_p), int(max_tokens), tuple(stop), top_k=int(top_k)
-    )
 
 
 def read_token(cfg: PolicyConfig) -> str | None:
@@ -319,12 +281,22 @@ class PolicyServer:
         if not isinstance(body.get("model", ""), str):
             return _error(400, "model must be a string")
         try:
-            req = GenerateRequest(
-                tuple(from_openai(body.get("messages"))), _sampling(body, self.defaults)
-            )
-            gen = await self.generate(req)
+            sampling = sampling_of(body, self.defaults)
+            n = choices_n(body)
+            if sampling.top_logprobs and self.engine.name != "hf":
+                raise BadRequest(
+                    f"top_logprobs is not supported by the {self.engine.name} engine "
+                    "(logprobs=true gives each sampled token's log-prob)"
+                )
+            processor = getattr(self.engine, "processor", None)
+            if body.get("logprobs") and processor is None:
+                raise BadRequest(f"logprobs is not supported by the {self.engine.name} engine")
+            req = GenerateRequest(tuple(from_openai(body.get("messages"))), sampling)
+            gens = await asyncio.gather(*(self.generate(req) for _ in range(n)))
         except BadRequest as e:
             return _error(400, str(e))
+        tokenizer = processor.tokenizer if body.get("logprobs") else None
+        completion = sum(len(g.response_ids) for g in gens)
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
             "object": "chat.completion",
@@ -332,17 +304,19 @@ class PolicyServer:
             "model": body.get("model") or Path(self.model_path).name,
             "choices": [
                 {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": gen.text},
-                    "finish_reason": gen.finish_reason,
+                    "index": i,
+                    "message": {"role": "assistant", "content": g.text},
+                    "logprobs": openai_logprobs(g, tokenizer) if tokenizer else None,
+                    "finish_reason": g.finish_reason,
                 }
+                for i, g in enumerate(gens)
             ],
             "usage": {
-                "prompt_tokens": len(gen.prompt_ids),
-                "completion_tokens": len(gen.response_ids),
-                "total_tokens": len(gen.prompt_ids) + len(gen.response_ids),
+                "prompt_tokens": len(gens[0].prompt_ids),
+                "completion_tokens": completion,
+                "total_tokens": len(gens[0].prompt_ids) + completion,
             },
-            "weight_version": gen.weight_version,
+            "weight_version": min(g.weight_version for g in gens),
         }
 
 
@@ -366,6 +340,8 @@ def build_app(
     options: dict[str, Any] = {
         "ray_actor_options": actor_options,
         "max_ongoing_requests": max(cfg.max_ongoing_requests, cfg.max_batch_size),
+        # one line per request otherwise ("CALL generate OK"): most of a job's log
+        "logging_config": LoggingConfig(enable_access_log=cfg.access_log),
         "deployment_actors": [
             DeploymentActorConfig(
                 name=REGISTRY, actor_class=WeightRegistry, actor_options={"num_cpus": 0}
@@ -389,9 +365,49 @@ def build_app(
     )
 
 
+OPENAI_ROUTE = "/v1/chat/completions"
+"""The OpenAI-compatible route, under the application's route prefix."""
+
+
+def route_for(app: str) -> str:
+    """The route prefix a new policy application takes: `/` when no other Serve application
+    is live (the only policy server: the OpenAI route is `/v1/chat/completions`, where
+    docs/POLICY.md says), else `/<app>` (several runs on one Serve: each its own
+    `/<app>/v1/chat/completions`). Serve must have started."""
+    live = [
+        name
+        for name, s in serve.status().applications.items()
+        if name != app and s.status != "DELETING"
+    ]
+    return f"/{app}" if live else "/"
+
+
+def policy_url(cfg: PolicyConfig, route_prefix: str) -> str:
+    """The full URL of the OpenAI route of an application at `route_prefix`."""
+    host = f"[{cfg.http_host}]" if ":" in cfg.http_host else cfg.http_host
+    return f"http://{host}:{cfg.http_port}{route_prefix.rstrip('/')}{OPENAI_ROUTE}"
+
+
+def deploy_policy(
+    cfg: PolicyConfig,
+    model_path: str | Path,
+    app: str,
+    initial_version: int = 0,
+    timing: TimingConfig | None = None,
+) -> tuple[DeploymentHandle, str]:
+    """Start Serve's HTTP proxy on `policy.http_host:http_port` (if it is not up) and deploy
+    the policy as application `app` at `route_for(app)`; returns the handle and the URL of
+    its OpenAI route. What `dart-ray serve` and a run both use."""
+    serve.start(http_options={"host": cfg.http_host, "port": cfg.http_port})
+    route = route_for(app)
+    app_ = build_app(cfg, model_path, initial_version, timing)
+    return serve.run(app_, name=app, route_prefix=route), policy_url(cfg, route)
+
+
 def run_policy(
     cfg: PolicyConfig, model_path: str | Path, name: str = "policy", route_prefix: str = "/"
 ) -> DeploymentHandle:
-    """Start Serve's HTTP proxy on `policy.http_host:http_port` and deploy; returns the handle."""
+    """Start Serve's HTTP proxy on `policy.http_host:http_port` and deploy at `route_prefix`
+    (tests pick their own); returns the handle."""
     serve.start(http_options={"host": cfg.http_host, "port": cfg.http_port})
     return serve.run(build_app(cfg, model_path), name=name, route_prefix=route_prefix)

@@ -129,6 +129,12 @@ def test_config_show_masks_and_documents(
     assert '"name": "x"' in out and "mysql+pymysql://dart@db/dart" in out
     assert main(["config", "show", "--docs"]) == 0
     assert "Trajectories kept in flight" in capsys.readouterr().out
+    # --docs shows the resolved values (file + overrides), the code default beside a change
+    assert main(["config", "show", "--docs", "run.name=x", "policy.http_port=8123"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "run.name = 'x'  (default 'tiny-cpu')" in lines
+    assert "policy.http_port = 8123  (default 8000)" in lines
+    assert "run.seed = 0" in lines  # unchanged: no default beside it
 
 
 def test_model_init_writes_a_loadable_model(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
@@ -317,3 +323,28 @@ def test_eval_says_greedy_or_sampled_and_pass_at_k(
     assert "pass@2" in out
     summary = json.loads(sampled.read_text())
     assert summary["sampling"] == "sampled (temperature 1, top-p 0.8)" and summary["episodes"] == 6
+
+
+def test_progress_lines_reach_a_log_file_while_the_run_runs(tmp_path: Path) -> None:
+    """`ray job logs` showed the progress only at the end: rich draws its bars on a
+    non-terminal only when they stop. To a file, a plain line every `every_s`, flushed: the
+    file holds it before the run ends."""
+    from rich.console import Console
+
+    from dart_ray.run.command import TrainProgress
+
+    log_file = tmp_path / "job.log"
+    with log_file.open("w") as f:
+        progress = TrainProgress(Console(file=f, width=80), every_s=3600)
+        with progress:
+            progress.note("run r: policy server at http://127.0.0.1:8000/v1/chat/completions")
+            progress.show({"trajectories": 5, "train steps": 1, "versions": 1})
+            progress.show({"trajectories": 9, "train steps": 2, "versions": 2})  # within every_s
+            lines = log_file.read_text().splitlines()  # read while the run still runs
+            assert lines[0].endswith("/v1/chat/completions")
+            assert len(lines) == 2 and "trajectories 5" in lines[1], lines
+            assert "train steps 1" in lines[1] and "versions 1" in lines[1]
+            progress._last = -1e9  # every_s has passed
+            progress.show({"train steps": 3})  # trajectories keep their last count
+            last = log_file.read_text().splitlines()[-1]
+            assert "trajectories 9" in last and "train steps 3" in last

@@ -13,6 +13,11 @@ Each line of a ```bash block in README.md and docs/*.md must match exactly one e
 
 A new command in the docs without an entry fails `test_every_doc_command_has_a_test`.
 
+Every ```python block is run (in-process, in a scratch folder; a block that uses Ray runs on
+the session's local Ray under the `ray` marker), unless its first line is
+`# not run: <why>`: an interface sketch or a fragment of a larger loop, which is compiled
+only. The marker shows in the docs, so a reader knows which snippets to paste and run.
+
 Every ```sql block is run against a durable log filled through the real API (on SQLite, and
 on MariaDB under the `mysql` marker) and must return rows, unless it starts with
 `-- expect: no rows`.
@@ -26,9 +31,11 @@ import re
 import shlex
 import subprocess
 import sys
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -174,6 +181,16 @@ def _train_parses(cmd: str) -> None:
     )
 
 
+def _serve_parses(cmd: str) -> None:
+    """`dart-ray serve` blocks until it is stopped: the parser accepts the line and the
+    config loads; tests/test_serve_command.py runs it."""
+    args = build_parser().parse_args(shlex.split(cmd)[1:])
+    load_config(REPO / "configs" / "default.toml", args.overrides)
+    _tested(
+        "tests/test_serve_command.py::test_serve_answers_the_documented_route_and_stops_on_sigterm"
+    )
+
+
 @dataclass(frozen=True)
 class How:
     kind: str  # "run" | "flags" | "check"
@@ -196,6 +213,8 @@ HOW: dict[str, How] = {
     r"dart-ray model init --out models/tiny\d?( --seed \d+)?( --min-pixels \d+)?( --max-pixels \d+)?"
     r"( --layers \d+)?": How("run"),
     r"pytest -m gpu tests/test_gpu_recipe\.py": How("run"),
+    # serves until Ctrl-C: its own test runs it, over HTTP, and stops it with SIGTERM
+    r"dart-ray serve( --model \S+)?( --port \d+)?": How("check", _serve_parses),
     # long runs and services: the flags exist
     r"\.venv/bin/python (benchmarks|scripts)/\w+\.py.*": How("flags"),
     r"(\.venv/bin/)?python -m dart_ray\.envs\.(minidesk\.generate|desktop\.server|osworld_tasks) .*": How(
@@ -429,3 +448,86 @@ def test_the_data_flow_picture_is_current_and_names_real_modules() -> None:
     missing = [m for m in draw.modules() if not (REPO / m).exists()]
     assert missing == []
     assert (REPO / "docs" / "CONCEPTS.md").read_text().splitlines()[2].startswith("![The data flow")
+
+
+# --------------------------------------------------------------------------- Python
+
+NOT_RUN = "# not run: "
+"""First line of a ```python block that is compiled, not run; the rest says why."""
+USES_RAY = re.compile(r"^(import ray\b|from (ray|actors|serve_apps)[. ])", re.M)
+
+
+def doc_snippets() -> list[tuple[str, str]]:
+    """(where, code) for every ```python block, indented ones (in a list item) included."""
+    out = []
+    for path in DOC_FILES:
+        pattern = r"^([ \t]*)```python\n(.*?)^\1```"
+        for i, (_, block) in enumerate(re.findall(pattern, path.read_text(), re.M | re.S)):
+            out.append((f"{path.name}, python block {i + 1}", textwrap.dedent(block)))
+    return out
+
+
+_SNIPPETS = doc_snippets()
+
+
+def _exec_snippet(where: str, code: str) -> dict[str, Any]:
+    scope: dict[str, Any] = {"__name__": "__doc_snippet__"}
+    exec(compile(code, where, "exec"), scope)
+    return scope
+
+
+def test_every_python_block_runs_or_says_why_not() -> None:
+    assert len(_SNIPPETS) >= 6
+    for where, code in _SNIPPETS:
+        compile(code, where, "exec")  # even a block that is not run must be Python
+        if code.startswith(NOT_RUN):
+            reason = code.splitlines()[0].removeprefix(NOT_RUN)
+            assert len(reason.split()) >= 3, f"{where}: say why it is not run"
+
+
+@pytest.mark.parametrize(
+    ("where", "code"),
+    [s for s in _SNIPPETS if not s[1].startswith(NOT_RUN) and not USES_RAY.search(s[1])],
+)
+def test_doc_python_runs(
+    where: str, code: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    _exec_snippet(where, code)
+
+
+@pytest.mark.parametrize(
+    ("where", "code"),
+    [s for s in _SNIPPETS if not s[1].startswith(NOT_RUN) and USES_RAY.search(s[1])],
+)
+def test_doc_python_runs_on_ray(
+    where: str, code: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ray_local: None
+) -> None:
+    """On the session's Ray (a snippet's own `ray.init(..., ignore_reinit_error=True)` is
+    then a no-op); the Serve applications and actors it started are removed afterwards."""
+    import ray
+    from ray import serve
+    from ray.actor import ActorHandle
+
+    monkeypatch.chdir(tmp_path)
+    before = _serve_apps()
+    scope: dict[str, Any] = {}
+    try:
+        scope = _exec_snippet(where, code)
+    finally:
+        for v in scope.values():
+            if isinstance(v, ActorHandle):
+                ray.kill(v)
+        for app in _serve_apps() - before:
+            serve.delete(app)
+
+
+def _serve_apps() -> set[str]:
+    """The live Serve applications (none while Serve is not running)."""
+    from ray import serve
+    from ray.serve.exceptions import RayServeException
+
+    try:
+        return set(serve.status().applications)
+    except RayServeException:
+        return set()

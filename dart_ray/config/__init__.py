@@ -21,7 +21,7 @@ from dart_ray.config.credentials import read_secret, redact
 from dart_ray.config.env import DesktopOptions, EnvConfig, MiniDeskOptions, MiniWobOptions
 from dart_ray.config.loader import apply_override, load_config
 from dart_ray.config.policy import PolicyConfig, is_loopback
-from dart_ray.config.reference import field_docs, reference_markdown
+from dart_ray.config.reference import field_docs, reference_markdown, resolved_docs
 from dart_ray.config.rollout import CurationConfig, RolloutConfig
 from dart_ray.config.run import ClusterConfig, RunConfig
 from dart_ray.config.store import StoreConfig
@@ -53,4 +53,5 @@ __all__ = [
     "read_secret",
     "redact",
     "reference_markdown",
+    "resolved_docs",
 ]

@@ -84,6 +84,10 @@ class PolicyConfig(Section):
     """Requests a replica accepts at once (at least max_batch_size for batching to fill)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weights and activations dtype of the engine."""
+    access_log: bool = False
+    """Serve's per-request access log lines from the replicas (`CALL generate OK 12.3ms`,
+    one per request: hundreds a minute in a run, most of a job's log). Off by default; on
+    brings them back, in the replica logs and (in a job) the driver's output."""
     allow_special_tokens: tuple[str, ...] = ()
     """Special tokens the policy may sample besides the end token (all others are suppressed;
     e.g. ["<|box_start|>", "<|box_end|>"] for UI-TARS-1.5-7B, which writes them)."""

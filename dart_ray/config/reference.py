@@ -3,7 +3,9 @@ the field docstrings), for `dart-ray config show --docs` and docs/CONFIGURATION.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -23,6 +25,38 @@ def field_docs(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[
             shown = repr(str(d)) if isinstance(d, Path) else repr(d)
             rows.append((key, shown, (f.description or "").replace("\n", " ")))
     return rows
+
+
+def resolved_docs(config: Config) -> list[tuple[str, str, str, str]]:
+    """(dotted key, resolved value, default, description) for every leaf field: what
+    `dart-ray config show --docs` prints, the values after the file and the overrides
+    (secrets masked as in `Config.redacted()`). Both are shown as JSON values in Python
+    syntax, so that a default tuple and a configured list compare equal."""
+    values = config.redacted()
+    defaults = _defaults(Config)
+    rows = []
+    for key, default, doc in field_docs():
+        node: Any = values
+        for part in key.split("."):
+            node = node.get(part, _MISSING) if isinstance(node, dict) else _MISSING
+        d = repr(defaults[key]) if key in defaults else default
+        rows.append((key, d if node is _MISSING else repr(node), d, doc))
+    return rows
+
+
+_MISSING = object()
+
+
+def _defaults(model: type[BaseModel], prefix: str = "") -> dict[str, Any]:
+    """Every leaf field's default as JSON would carry it (tuples as lists, paths as text)."""
+    out: dict[str, Any] = {}
+    for name, f in model.model_fields.items():
+        ann = f.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            out |= _defaults(ann, f"{prefix}{name}.")
+        elif not f.is_required() and f.default_factory is None:
+            out[f"{prefix}{name}"] = json.loads(json.dumps(f.default, default=str))
+    return out
 
 
 def reference_markdown() -> str:

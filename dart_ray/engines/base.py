@@ -53,11 +53,16 @@ class SamplingParams:
     """Strings that end the response; the text is cut before the first one."""
     top_k: int = 0
     """Keep the k most likely tokens; 0 keeps all."""
+    top_logprobs: int = 0
+    """Also record the k most likely tokens and their log-probs at each response token
+    (`Generation.top_logprobs`; the OpenAI route's `top_logprobs`). 0: none."""
 
     def __post_init__(self) -> None:
         self.spec  # noqa: B018  (validates temperature, top_k and top_p)
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.top_logprobs < 0:
+            raise ValueError(f"top_logprobs must be >= 0, got {self.top_logprobs}")
 
     @property
     def greedy(self) -> bool:
@@ -118,6 +123,10 @@ class Generation:
     token_versions: tuple[int, ...] = ()
     """The weight version that sampled each response token, where a weight update landed
     mid-response (`policy.interrupt_on_update`); empty when every token is `weight_version`'s."""
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()
+    """Per response token, (token id, log-prob) of the most likely tokens, best first, under
+    the distribution `logprobs` is of (tokens it cannot draw left out), when the request
+    asked (`SamplingParams.top_logprobs`); empty otherwise."""
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)
@@ -126,6 +135,8 @@ class Generation:
                 f"{n} response tokens but {len(self.logprobs)} log-probs, "
                 f"{len(self.entropy)} entropies"
             )
+        if self.top_logprobs and len(self.top_logprobs) != n:
+            raise ValueError(f"{n} response tokens but {len(self.top_logprobs)} top log-probs")
         if self.token_versions and len(self.token_versions) != n:
             raise ValueError(f"{n} response tokens but {len(self.token_versions)} token versions")
         if self.token_versions and min(self.token_versions) != self.weight_version:

@@ -33,8 +33,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -64,8 +66,13 @@ class _Sampler(LogitsProcessor):
         spec: SamplingSpec,
         suppressed: Sequence[int],
         boundary: Callable[[int], None] | None = None,
+        top: int = 0,
     ) -> None:
         self.spec = spec
+        self.top = top
+        """Also record the `top` most likely tokens at each step (0: none)."""
+        self.top_values: list[torch.Tensor] = []  # each (B, top)
+        self.top_ids: list[torch.Tensor] = []  # each (B, top)
         self.suppressed = torch.tensor(list(suppressed), dtype=torch.long)
         self.boundary = boundary
         """Called with the next token's index after each draw (a weight update may land)."""
@@ -78,6 +85,10 @@ class _Sampler(LogitsProcessor):
         chosen = logp.argmax(-1) if self.spec.greedy else torch.multinomial(probs, 1)[:, 0]  # (B,)
         self.logprobs.append(logp.gather(-1, chosen[:, None])[:, 0])
         self.entropy.append(entropy_of(logp))
+        if self.top:
+            values, ids = logp.topk(min(self.top, logp.shape[-1]), -1)
+            self.top_values.append(values)
+            self.top_ids.append(ids)
         out = torch.full_like(scores, float("-inf"))
         if self.boundary is not None:
             self.boundary(len(self.logprobs))
@@ -86,6 +97,20 @@ class _Sampler(LogitsProcessor):
     def finish(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T) log-probs and entropies of the tokens drawn."""
         return torch.stack(self.logprobs, 1), torch.stack(self.entropy, 1)
+
+    def top_of(self, b: int, n: int) -> tuple[tuple[tuple[int, float], ...], ...]:
+        """Row `b`'s first `n` steps: (token id, log-prob) of the most likely tokens, best
+        first, the ones the distribution cannot draw (log-prob -inf) left out."""
+        if not self.top:
+            return ()
+        return tuple(
+            tuple(
+                (int(i), float(v))
+                for v, i in zip(self.top_values[t][b], self.top_ids[t][b], strict=True)
+                if math.isfinite(v)
+            )
+            for t in range(n)
+        )
 
 
 def neutral_generation_config(eos_id: int, pad_id: int) -> GenerationConfig:
@@ -208,7 +233,7 @@ class HFEngine(Engine):
     ) -> list[Generation]:
         t0 = time.perf_counter()
         version, seen = lease.version, len(lease.switches)  # this sub-batch's own switches
-        sampler = _Sampler(sp.spec, self.suppressed, boundary)
+        sampler = _Sampler(sp.spec, self.suppressed, boundary, sp.top_logprobs)
         config = neutral_generation_config(self.processor.eos_id, self.processor.pad_id)
         config.max_new_tokens = sp.max_new_tokens
         config.stop_strings = list(sp.stop) or None
@@ -233,6 +258,7 @@ class HFEngine(Engine):
                 (version, switches),
                 latency,
                 len(batch),
+                partial(sampler.top_of, b),
             )
             for b, e in enumerate(batch)
         ]
@@ -247,6 +273,7 @@ class HFEngine(Engine):
         versions: tuple[int, Sequence[tuple[int, int]]],
         latency: float,
         batch_size: int,
+        top_of: Callable[[int], tuple[tuple[tuple[int, float], ...], ...]],
     ) -> Generation:
         eos = self.processor.eos_id
         n, finish = len(tokens), "length"
@@ -272,4 +299,5 @@ class HFEngine(Engine):
             latency_s=latency,
             batch_size=batch_size,
             token_versions=token_versions,
+            top_logprobs=top_of(n),
         )

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import time
 
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 from rich.console import Console
-from rich.progress import Progress, ProgressColumn, Task, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    Progress,
+    ProgressColumn,
+    Task,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 from rich.text import Text
 
@@ -36,6 +44,60 @@ def make_progress(out: Console) -> Progress:
     )
 
 
+PLAIN_EVERY_S = 30.0
+"""Seconds between progress lines when stdout is not a terminal (a job's log file)."""
+
+
+class TrainProgress:
+    """The live counts of `dart-ray train`: rich's bars on a terminal; elsewhere (a job log,
+    `ray job logs`, a file) rich draws its bars only when they stop, so one plain line every
+    `every_s` seconds instead, flushed, so that a log file shows the run while it runs."""
+
+    NAMES = ("trajectories", "train steps", "versions")
+
+    def __init__(self, out: Console, every_s: float = PLAIN_EVERY_S) -> None:
+        self.out, self.every_s = out, every_s
+        self.live = out.is_terminal
+        self.progress = make_progress(out)
+        self._bars: dict[str, TaskID] = {}
+        self._t0 = time.monotonic()
+        self._last: float | None = None
+        self._counts = dict.fromkeys(self.NAMES, 0)
+
+    def __enter__(self) -> TrainProgress:
+        if self.live:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live:
+            self.progress.stop()
+
+    def note(self, line: str) -> None:
+        """A set-up line (above the bars on a terminal), flushed."""
+        print(line, file=self.out.file, flush=True)
+
+    def show(self, counts: dict[str, int]) -> None:
+        """The newest counts (keys of NAMES; a missing one keeps its last value)."""
+        if not self._bars:
+            for name in self.NAMES:
+                self._bars[name] = self.progress.add_task(name, total=None)
+        self._counts |= counts
+        for name, n in counts.items():
+            self.progress.update(self._bars[name], completed=n)
+        now = time.monotonic()
+        if self.live or (self._last is not None and now - self._last < self.every_s):
+            return
+        self._last = now
+        elapsed = now - self._t0
+        cols = []
+        for name, n in self._counts.items():
+            rate = f" ({n / elapsed * 60:.1f}/min)" if elapsed > 1 else ""
+            cols.append(f"{name} {n:,}{rate}")
+        stamp = time.strftime("%H:%M:%S", time.gmtime(elapsed))
+        print(f"[{stamp}] " + ", ".join(cols), file=self.out.file, flush=True)
+
+
 def run_train(config: Config, out: Console) -> int:
     from dart_ray.reporting.report import render
     from dart_ray.run import driver, runtime
@@ -43,27 +105,25 @@ def run_train(config: Config, out: Console) -> int:
     # bad task files fail here, in one line, before Ray starts or the log is touched
     load_suite(config, "train")
 
-    progress = make_progress(out)
-    bars: dict[str, int] = {}
+    progress = TrainProgress(out)
+    started: list[bool] = []
 
     def tick(parts: runtime.Parts) -> None:
-        if not bars:
-            bars["trajectories"] = progress.add_task("trajectories", total=None)
-            bars["train steps"] = progress.add_task("train steps", total=None)
-            # no total: run.max_versions is a cap (10,000 by default), not a goal; the run
-            # ends at run.max_minutes, so the bars say how much and how fast
-            bars["versions"] = progress.add_task("versions", total=None)
+        if not started:
+            started.append(True)
+            progress.note(f"run {parts.run_id}: policy server at {parts.policy_url}")
+        counts: dict[str, int] = {}
         try:  # a rollouter being restarted by Ray has no stats to give this tick
             stats = ray.get([r.stats.remote() for r in parts.rollouters], timeout=10)
-            done = sum(sum(s.logged.values()) for s in stats)
-            progress.update(bars["trajectories"], completed=done)
+            counts["trajectories"] = sum(sum(s.logged.values()) for s in stats)
         except (RayActorError, ActorUnavailableError, GetTimeoutError):
             pass
         history = ray.get(parts.control.history.remote())
-        progress.update(bars["train steps"], completed=len(history))
-        progress.update(
-            bars["versions"], completed=int(history[-1].get("version", 0)) if history else 0
-        )
+        counts["train steps"] = len(history)
+        # no total: run.max_versions is a cap (10,000 by default), not a goal; the run ends
+        # at run.max_minutes, so the counts say how much and how fast
+        counts["versions"] = int(history[-1].get("version", 0)) if history else 0
+        progress.show(counts)
 
     with progress:
         report = driver.train(config, on_tick=tick)

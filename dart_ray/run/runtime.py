@@ -218,6 +218,8 @@ class Parts:
     heldout: list[Task]
     start: TrainerState = field(default_factory=lambda: TrainerState(0, 0))
     app: str = ""
+    policy_url: str = ""
+    """The full URL of the policy's OpenAI route (printed when the run starts)."""
     grower: Any = None
     """The EnvPoolGrower when `env.max_sessions` is set (the pool grows with the resource)."""
     stopped: bool = False
@@ -315,18 +317,15 @@ def start(config: Config) -> Parts:
         raise
     ns = config.cluster.namespace
     app = f"policy-{run_id}"
-    serve.start(http_options={"host": config.policy.http_host, "port": config.policy.http_port})
-    from serve_apps.policy import build_app
+    from serve_apps.policy import deploy_policy
 
-    policy = serve.run(
-        build_app(
-            config.policy,
-            model_dir,
-            initial_version=start_state.version,
-            timing=config.timing if config.timing.enabled else None,
-        ),
-        name=app,
-        route_prefix=f"/{app}",
+    # the OpenAI route: /v1/chat/completions when this is Serve's only application
+    policy, policy_url = deploy_policy(
+        config.policy,
+        model_dir,
+        app,
+        initial_version=start_state.version,
+        timing=config.timing if config.timing.enabled else None,
     )
     sessions = start_sessions(config.env, prefix=f"env-{run_id}")
     # rollouters find a session by name (a restarted rollouter looks it up again)
@@ -351,6 +350,7 @@ def start(config: Config) -> Parts:
         heldout,
         start_state,
         app,
+        policy_url=policy_url,
     )
     parts.curator = Curator.options(name=parts.names("curator"), namespace=ns).remote(
         config, run_id, config.train.num_workers

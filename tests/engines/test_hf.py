@@ -64,6 +64,33 @@ def test_logprobs_and_entropy_are_those_of_the_sampling_distribution(engine: HFE
     assert all(lp > -float("inf") for lp in g.logprobs)  # sampled tokens are in the nucleus
 
 
+def test_top_logprobs_are_the_most_likely_tokens_of_the_sampling_distribution(
+    engine: HFEngine,
+) -> None:
+    """`top_logprobs=k` records, per token, the k best tokens of the distribution sampled
+    from: rebuilt by hand as above (specials suppressed, temperature 0.7, top-k 2), so each
+    step offers exactly 2 finite tokens, and the drawn token is one of them with its own
+    recorded log-prob."""
+    torch.manual_seed(1)
+    sp = SamplingParams(temperature=0.7, max_new_tokens=10, top_k=2, top_logprobs=5)
+    req = request()
+    (g,) = _run(engine, [req], sp)
+    assert len(g.top_logprobs) == len(g.response_ids) > 0
+    z = _teacher_forced(engine, req, g)
+    z[:, engine.suppressed] = -float("inf")
+    logp = process_logits(z, SamplingSpec(0.7, 2, 1.0)).log_softmax(-1)
+    for t, (tok, lp, top) in enumerate(
+        zip(g.response_ids, g.logprobs, g.top_logprobs, strict=True)
+    ):
+        assert len(top) == 2  # top-k 2: the other 3 asked for cannot be drawn (-inf): left out
+        values, ids = logp[t].topk(2)
+        assert [i for i, _ in top] == ids.tolist()
+        assert torch.allclose(torch.tensor([v for _, v in top]), values, atol=1e-4)
+        assert dict(top)[tok] == pytest.approx(lp, abs=1e-6)
+    (plain,) = _run(engine, [req], GREEDY)
+    assert plain.top_logprobs == ()  # not asked: nothing recorded
+
+
 def test_greedy_logprobs_are_the_temperature_one_distribution(engine: HFEngine) -> None:
     req = request()
     (g,) = _run(engine, [req])

@@ -26,7 +26,7 @@ from dart_ray.engines.hf import HFEngine
 from dart_ray.models.loading import ModelDirError
 from dart_ray.models.weights import pack
 from dart_ray.uitars.prompts import BadRequest
-from serve_apps.policy import UpdateReport, build_app, run_policy
+from serve_apps.policy import UpdateReport, build_app, deploy_policy, run_policy
 from tests.policy_helpers import GREEDY, png, request
 from tests.serve_apps.conftest import TOKEN_ENV
 
@@ -252,6 +252,39 @@ def test_openai_route_with_bearer_token(
     assert token not in json.dumps(handle.health.remote().result())
 
 
+def test_a_second_policy_app_takes_its_own_route_and_the_first_keeps_v1(
+    handle: DeploymentHandle, cfg: PolicyConfig, token_file: Path, tiny_model_dir: Path
+) -> None:
+    """A run deploys with `deploy_policy`: alone on Serve it takes `/` (the documented
+    `/v1/chat/completions`, as `dart-ray serve` does: tests/test_serve_command.py); beside
+    another application (here this module's, at `/`) it takes `/<app>`, and says so."""
+    port, token = cfg.http_port, token_file.read_text().strip()
+    body = {"messages": [{"role": "user", "content": "click OK"}], "max_tokens": 2}
+    app = "policy-second-run"
+    _, url = deploy_policy(cfg.model_copy(update={"replicas": 1}), tiny_model_dir, app)
+    try:
+        assert url == f"http://127.0.0.1:{port}/{app}/v1/chat/completions"
+        assert _post(port, f"/{app}/v1/chat/completions", body, token)[0] == 200
+        assert _post(port, "/v1/chat/completions", body, token)[0] == 200  # the first's
+    finally:
+        serve.delete(app)
+
+
+def test_replicas_write_no_per_request_access_log_by_default(handle: DeploymentHandle) -> None:
+    """Serve logs a line per call ("CALL generate OK 12.3ms"): 585 of a job log's 690 lines.
+    `policy.access_log` (default false) turns them off in the replicas' own log files."""
+    from ray._private.worker import global_worker
+
+    for _ in range(3):
+        handle.generate.remote(request()).result()
+    logs = Path(global_worker.node.get_logs_dir_path()) / "serve"
+    files = sorted(logs.glob(f"replica_{APP}_PolicyServer_*.log"))
+    assert files, sorted(p.name for p in logs.iterdir())
+    text = "".join(f.read_text() for f in files)
+    assert "replica" in text  # the replicas do log (their start, weight loads)
+    assert "CALL generate" not in text and "CALL load_weights" not in text
+
+
 def test_build_app_checks_the_model_folder_and_reads_scaling(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
@@ -261,3 +294,7 @@ def test_build_app_checks_the_model_folder_and_reads_scaling(
     # Application exposes no public accessor for its deployment's options
     auto = app._bound_deployment._deployment_config.autoscaling_config  # type: ignore[attr-defined]
     assert (auto.min_replicas, auto.max_replicas) == (1, 3)
+    logging = app._bound_deployment._deployment_config.logging_config  # type: ignore[attr-defined]
+    assert logging["enable_access_log"] is False
+    on = build_app(PolicyConfig(access_log=True), tiny_model_dir)
+    assert on._bound_deployment._deployment_config.logging_config["enable_access_log"] is True  # type: ignore[attr-defined]

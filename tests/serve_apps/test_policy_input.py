@@ -6,6 +6,7 @@ is covered directly: each malformed value is a 400 whose message names the field
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +15,34 @@ import pytest
 from dart_ray.config import ConfigError, PolicyConfig
 from dart_ray.engines.base import SamplingParams
 from dart_ray.uitars.prompts import BadRequest
-from serve_apps.policy import MAX_HTTP_TOKENS, _sampling, read_token
+from serve_apps.openai_route import MAX_HTTP_TOKENS, choices_n, sampling_of
+from serve_apps.policy import read_token
 
 DEFAULTS = SamplingParams(1.0, 1.0, 64)
 
 
 def test_sampling_fields_and_defaults() -> None:
-    assert _sampling({}, DEFAULTS) == DEFAULTS
-    got = _sampling({"temperature": 0, "top_p": 0.5, "max_tokens": 7, "stop": "\n"}, DEFAULTS)
+    assert sampling_of({}, DEFAULTS) == DEFAULTS
+    got = sampling_of({"temperature": 0, "top_p": 0.5, "max_tokens": 7, "stop": "\n"}, DEFAULTS)
     assert got == SamplingParams(0.0, 0.5, 7, ("\n",))
-    assert _sampling({"stop": ["a", "b"], "temperature": None}, DEFAULTS).stop == ("a", "b")
-    assert _sampling({"top_k": 40}, DEFAULTS).top_k == 40
+    assert sampling_of({"stop": ["a", "b"], "temperature": None}, DEFAULTS).stop == ("a", "b")
+    assert sampling_of({"top_k": 40}, DEFAULTS).top_k == 40
+    # OpenAI's current name for max_tokens; both only when they agree
+    assert sampling_of({"max_completion_tokens": 9}, DEFAULTS).max_new_tokens == 9
+    assert sampling_of({"max_completion_tokens": 9, "max_tokens": 9}, DEFAULTS).max_new_tokens == 9
+    got = sampling_of({"logprobs": True, "top_logprobs": 3}, DEFAULTS)
+    assert got.top_logprobs == 3
+    assert sampling_of({"logprobs": False}, DEFAULTS).top_logprobs == 0
+    # the values some clients send by default change nothing and pass
+    neutral = {"presence_penalty": 0, "frequency_penalty": 0.0, "seed": None, "user": "u1"}
+    assert sampling_of(neutral, DEFAULTS) == DEFAULTS
+
+
+def test_n_is_an_integer_in_range() -> None:
+    assert choices_n({}) == 1 and choices_n({"n": 3}) == 3
+    for bad, message in [(0, "n must be in [1, 16], got 0"), (17, "got 17"), ("2", "integer")]:
+        with pytest.raises(BadRequest, match=re.escape(message)):
+            choices_n({"n": bad})
 
 
 @pytest.mark.parametrize(
@@ -44,11 +62,23 @@ def test_sampling_fields_and_defaults() -> None:
         ({"max_tokens": 10**400}, f"max_tokens must be at most {MAX_HTTP_TOKENS}"),
         ({"stop": 5}, "stop must be a string or a list of strings"),
         ({"stop": ["ok", {"x": 1}]}, "stop must be a string or a list of strings"),
+        ({"max_completion_tokens": 0}, "max_completion_tokens must be at least 1"),
+        ({"max_completion_tokens": "5"}, "max_completion_tokens must be an integer"),
+        ({"max_completion_tokens": 5, "max_tokens": 6}, "max_tokens and max_completion_tokens"),
+        ({"logprobs": "yes"}, 'logprobs must be true or false, got "yes"'),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs must be in [0, 20], got 21"),
+        ({"logprobs": True, "top_logprobs": -1}, "top_logprobs must be in [0, 20]"),
+        ({"logprobs": True, "top_logprobs": 0.5}, "top_logprobs must be an integer"),
+        ({"top_logprobs": 3}, "top_logprobs needs logprobs=true"),
+        ({"presence_penalty": 0.5}, "presence_penalty is not supported (only 0)"),
+        ({"seed": 7}, "seed is not supported"),
+        ({"tools": [{"type": "function"}]}, "tools is not supported"),
+        ({"temprature": 0}, "unknown field 'temprature'"),
     ],
 )
 def test_each_bad_sampling_field_is_named(body: dict[str, Any], message: str) -> None:
     with pytest.raises(BadRequest) as e:
-        _sampling(body, DEFAULTS)
+        sampling_of(body, DEFAULTS)
     assert message in str(e.value)
 
 
