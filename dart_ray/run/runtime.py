@@ -9,6 +9,7 @@ an operator can find it on the dashboard and a resumed run can replace it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import shutil
@@ -38,6 +39,7 @@ from dart_ray.envs.suites import load_suite
 from dart_ray.evaluation.suite import EvalResult, evaluate
 from dart_ray.records import PackedTasks, Task
 from dart_ray.rollout.episode import EpisodeSettings, ServePolicy
+from dart_ray.run.capacity import fit_to, has_autoscaler, shortfall, units_needed
 from dart_ray.store import Store, open_store
 from dart_ray.store.episodes import log_unfinished
 from dart_ray.store.runs import finish_run, register_run
@@ -101,10 +103,10 @@ def cpu_demand(config: Config) -> dict[str, float]:
     }
 
 
-def check_fits(config: Config) -> None:
+def check_fits(config: Config, autoscaler: Callable[[], bool] = has_autoscaler) -> None:
     """A run whose parts cannot all be placed would wait forever for the missing CPUs. On a
-    local Ray (nothing will add nodes) that is a configuration error, said at once; on a
-    cluster the autoscaler may add them, so it is a warning."""
+    local Ray, or a cluster that no autoscaler grows, that is a configuration error, said at
+    once; where an autoscaler may add nodes it is a warning."""
     demand = cpu_demand(config)
     need = sum(demand.values())
     have = float(ray.cluster_resources().get("CPU", 0.0))
@@ -118,6 +120,8 @@ def check_fits(config: Config) -> None:
     )
     if config.cluster.address is None:
         raise ConfigError(msg)
+    if not autoscaler():
+        raise ConfigError(f"{msg}, or add nodes: {NO_AUTOSCALER}")
     log.warning("%s; waiting for the autoscaler to add nodes", msg)
 
 
@@ -136,26 +140,46 @@ def missing_env_resource(config: Config, resources: dict[str, float]) -> str | N
     )
 
 
+NO_AUTOSCALER = (
+    "this cluster has no autoscaler (its nodes were started with `ray start`), so nothing "
+    "will add nodes: failing now rather than waiting"
+)
+
+
 def wait_for_env_resource(
     config: Config,
-    resources: Callable[[], dict[str, float]] = ray.cluster_resources,
+    resources: Callable[[], dict[str, float]] | None = None,
     sleep: Callable[[float], None] = time.sleep,
-) -> None:
-    """On a cluster, say at once which resource is missing, then give the autoscaler
-    `cluster.resource_wait_s` to add a node offering it; fail with the fix after that."""
-    hint = missing_env_resource(config, resources())
-    if hint is None:
-        return
+    autoscaler: Callable[[], bool] = has_autoscaler,
+) -> Config:
+    """The config to run with, once the cluster offers the `env.resource` units its sessions
+    need (capacity.py says why): at once if it does; with fewer sessions if it offers some
+    and `env.fit_to_cluster` allows it; after the autoscaler added nodes, within
+    `cluster.resource_wait_s`. A local Ray, or a cluster without an autoscaler, fails at once
+    with the numbers and the fix."""
+    res = config.env.resource
+    if not res:
+        return config
+    resources = resources or ray.cluster_resources
+    offered = resources().get(res, 0.0)
+    if offered >= units_needed(config):
+        return config
+    if config.env.fit_to_cluster and offered >= 1.0:
+        return fit_to(config, offered)
+    hint = shortfall(config, offered) or missing_env_resource(config, {res: offered})
+    assert hint is not None
     wait = config.cluster.resource_wait_s
     if config.cluster.address is None or wait <= 0:
         raise ConfigError(hint)
-    log.warning("%s; waiting up to %.0f s for the autoscaler to add one", hint, wait)
+    if not autoscaler():
+        raise ConfigError(f"{hint}; {NO_AUTOSCALER} {wait:.0f} s (cluster.resource_wait_s)")
+    log.warning("%s; waiting up to %.0f s for the autoscaler to add nodes", hint, wait)
     waited = 0.0
     while waited < wait:
         sleep(2.0)
         waited += 2.0
-        if missing_env_resource(config, resources()) is None:
-            return
+        if resources().get(res, 0.0) >= units_needed(config):
+            return config
     raise ConfigError(f"{hint} (waited {wait:.0f} s)")
 
 
@@ -306,8 +330,9 @@ def start(config: Config) -> Parts:
     # --working-dir`) can lose its working directory once it connects
     start_ray(config)
     try:
-        check_fits(config)
-        wait_for_env_resource(config)
+        autoscaler = functools.cache(has_autoscaler)  # asked at most once, only when short
+        config = wait_for_env_resource(config, autoscaler=autoscaler)
+        check_fits(config, autoscaler)
     except ConfigError:
         finish_run(store.engine, run_id, "FAILED")
         if created:  # the log keeps the FAILED run; no empty folder is left to explain
