@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import os
 import shutil
@@ -300,22 +301,55 @@ class Parts:
         )
 
 
+def job_working_dir() -> str | None:
+    """The working directory Ray uploaded for this driver (`ray job submit --working-dir`),
+    or None when the driver is not such a job. Ray runs the job in a temporary copy of it
+    (`.../runtime_resources/working_dir_files/_ray_pkg_*`), removed when no longer used."""
+    spec = os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")  # set by Ray's job supervisor
+    if not spec:
+        return None
+    working_dir = (json.loads(spec).get("runtime_env") or {}).get("working_dir")
+    return str(working_dir) if working_dir else None
+
+
+def run_root(config: Config) -> Path:
+    """Where the run's outputs and its embedded log go, as an absolute path: `run.root_dir`
+    as it is when absolute; a relative one from the working directory, except in a job with
+    an uploaded working directory, whose copy is temporary and unknown to the operator:
+    there it is taken from `run.job_root_dir` (`~/dart-ray/runs` by default)."""
+    root = config.run.root_dir.expanduser()
+    if root.is_absolute():
+        return root
+    if job_working_dir() is not None:
+        return (config.run.job_root_dir.expanduser() / root).resolve()
+    return root.resolve()
+
+
 def start(config: Config) -> Parts:
-    """Bring up every part of a run (or of a resumed run)."""
+    """Bring up every part of a run (or of a resumed run). The run is in the log from the
+    start; if bringing it up fails, however, the log says FAILED (never RUNNING)."""
     check_local_inputs(config)
     # Actors and train workers run in other working directories: every path they derive
     # from the config (the SQLite log, blobs, checkpoints) must be absolute.
     config = config.model_copy(
-        update={"run": config.run.model_copy(update={"root_dir": config.run.root_dir.resolve()})}
+        update={"run": config.run.model_copy(update={"root_dir": run_root(config)})}
     ).simulated()  # a timing-mode run: sessions run LatencyMiniDesk with [timing]'s figures
     if config.timing.enabled:
         log.warning("timing mode: a SIMULATED run (compute replaced by calibrated latencies)")
     run_id = new_run_id(config)
-    run_dir = (config.run.root_dir / run_id).resolve()
+    run_dir = config.run.root_dir / run_id
     created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     store = open_store(config, init=True)
     register_run(store.engine, run_id, config.run.name, config.model_dump(mode="json"))
+    try:
+        return _bring_up(config, run_id, run_dir, store, created)
+    except BaseException:
+        finish_run(store.engine, run_id, "FAILED")
+        raise
+
+
+def _bring_up(config: Config, run_id: str, run_dir: Path, store: Store, created: bool) -> Parts:
     start_state = TrainerState(0, 0)
     model_dir = prepare_model(config, run_dir)
     if config.run.resume:
@@ -334,7 +368,6 @@ def start(config: Config) -> Parts:
         config = wait_for_env_resource(config, autoscaler=autoscaler)
         check_fits(config, autoscaler)
     except ConfigError:
-        finish_run(store.engine, run_id, "FAILED")
         if created:  # the log keeps the FAILED run; no empty folder is left to explain
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
