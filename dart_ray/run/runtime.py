@@ -9,14 +9,17 @@ an operator can find it on the dashboard and a resumed run can replace it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
 import os
 import shutil
+import signal
 import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +66,28 @@ def start_ray(config: Config) -> None:
     resolves to another cluster. To use $RAY_ADDRESS, say `cluster.address=auto`."""
     if ray.is_initialized():
         return
+    with _keeping_signal_handlers():
+        _init_ray(config)
+
+
+@contextlib.contextmanager
+def _keeping_signal_handlers() -> Iterator[None]:
+    """`ray.init` puts Ray's own SIGTERM handler in place of the driver's (it logs "SIGTERM
+    received" and aborts the process): put back what the driver had, so that `ray job stop`
+    reaches `driver._graceful_signals` and the run stops cleanly."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    kept = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in kept.items():
+            if callable(handler):  # the driver's own (Python) handler
+                signal.signal(s, handler)
+
+
+def _init_ray(config: Config) -> None:
     c = config.cluster
     if c.address:
         ray.init(address=c.address, namespace=c.namespace)
