@@ -266,3 +266,40 @@ def test_an_autoscaler_is_told_from_a_plain_head(head: LocalCluster, tmp_path: P
     finally:
         scaled.stop()
     assert os.environ.get("RAY_FAKE_CLUSTER") is None  # nothing leaked into this process
+
+
+def test_a_run_that_fails_to_start_is_failed_in_the_log_never_running(
+    head: LocalCluster, tmp_path: Path
+) -> None:
+    """Two failures past the pre-start checks, each as an operator meets it:
+    - a local run beside this head, where Ray would find it (`ray_current_cluster` under
+      $RAY_TMPDIR, and $RAY_ADDRESS): it used to join the head and crash ("When connecting to
+      an existing cluster, num_cpus and num_gpus must not be provided"), leaving a RUNNING
+      run; it starts a Ray of its own, here one whose 1 CPU the parts do not fit;
+    - a cluster run whose model folder is not on the nodes: the policy replicas fail in
+      Serve, and the run stayed RUNNING in the log."""
+    local = {**_env(head), "RAY_TMPDIR": str(head.tmp), "RAY_ADDRESS": head.address}
+    argv = [a for a in _train(head, tmp_path, "run.run_id=local") if "cluster.address" not in a]
+    p = subprocess.run(
+        [*argv, "cluster.num_cpus=1", "cluster.dashboard_host=127.0.0.1"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=local,
+        timeout=300,
+    )
+    assert p.returncode == 2, p.stderr[-3000:]
+    assert "num_cpus and num_gpus must not be provided" not in p.stderr
+    assert "the Ray cluster has 1: lower env.num_cpus" in p.stderr  # its own 1-CPU Ray
+    assert _status(tmp_path, "local") == "FAILED"
+
+    p = subprocess.run(
+        _train(head, tmp_path, "run.run_id=nomodel", f"policy.model_path={tmp_path / 'none'}"),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=_env(head),
+        timeout=400,
+    )
+    assert p.returncode != 0, p.stdout[-2000:]
+    assert _status(tmp_path, "nomodel") == "FAILED"
