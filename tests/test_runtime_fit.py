@@ -43,8 +43,14 @@ def test_too_many_sessions_for_a_local_ray_is_a_config_error(monkeypatch) -> Non
 def test_on_a_cluster_it_waits_for_the_autoscaler(monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setattr(runtime.ray, "cluster_resources", lambda: {"CPU": 2.0})
     with caplog.at_level(logging.WARNING, logger="dart_ray.run.runtime"):
-        runtime.check_fits(_config("cluster.address=auto"))
+        runtime.check_fits(_config("cluster.address=auto"), lambda: True)
     assert "waiting for the autoscaler" in caplog.text
+
+
+def test_on_a_cluster_without_an_autoscaler_it_fails_at_once(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(runtime.ray, "cluster_resources", lambda: {"CPU": 2.0})
+    with pytest.raises(ConfigError, match=r"reserves 4.55 CPUs .* has no autoscaler"):
+        runtime.check_fits(_config("cluster.address=auto"), lambda: False)
 
 
 def test_a_cluster_without_the_env_resource_is_named_at_once_and_fails_after_the_wait(
@@ -58,12 +64,12 @@ def test_a_cluster_without_the_env_resource_is_named_at_once_and_fails_after_the
         caplog.at_level(logging.WARNING, logger="dart_ray.run.runtime"),
         pytest.raises(ConfigError, match=r"resource 'env'.*--resources=.*env.resource=\"\"") as e,
     ):
-        runtime.wait_for_env_resource(cfg, lambda: {"CPU": 8.0}, slept.append)
+        runtime.wait_for_env_resource(cfg, lambda: {"CPU": 8.0}, slept.append, lambda: True)
     assert "waited 6 s" in str(e.value) and sum(slept) == 6.0
     assert "resource 'env'" in caplog.text  # said before the wait, not after it
-    # the autoscaler adds a node offering it during the wait: the run goes on
-    offers = iter([{"CPU": 8.0}, {"CPU": 8.0}, {"CPU": 40.0, "env": 16.0}])
-    runtime.wait_for_env_resource(cfg, lambda: next(offers), lambda _: None)
+    # the autoscaler adds nodes offering the 32 units during the wait: the run goes on
+    offers = iter([{"CPU": 8.0}, {"CPU": 8.0}, {"CPU": 40.0, "env": 32.0}])
+    runtime.wait_for_env_resource(cfg, lambda: next(offers), lambda _: None, lambda: True)
     # sessions that ask for no resource, or a cluster that has it: nothing to wait for
     assert runtime.missing_env_resource(_config('env.resource=""'), {}) is None
     assert runtime.missing_env_resource(cfg, {"env": 1.0}) is None
@@ -79,7 +85,7 @@ def test_a_failed_pre_flight_leaves_no_run_folder(monkeypatch, tmp_path) -> None
     from dart_ray.store.runs import get_run
 
     monkeypatch.setattr(runtime, "start_ray", lambda config: None)
-    monkeypatch.setattr(runtime.ray, "cluster_resources", lambda: {"CPU": 2.0})
+    monkeypatch.setattr(runtime.ray, "cluster_resources", lambda: {"CPU": 2.0, "env": 32.0})
     import socket
 
     with socket.socket() as sock:
@@ -98,3 +104,63 @@ def test_a_failed_pre_flight_leaves_no_run_folder(monkeypatch, tmp_path) -> None
     run = get_run(store.engine, "nofit")
     store.dispose()
     assert run is not None and run.status == "FAILED"
+
+
+def test_fewer_env_units_than_sessions_fail_at_once_with_the_numbers_and_the_fix() -> None:
+    """Seen: cluster/node-resources.sh offered {"env": 1} on a 2-core node; 7 of 8 sessions
+    stayed pending for minutes with nothing in the log (the check needed one unit)."""
+    cfg = _config("cluster.address=auto", "env.num_sessions=8")
+
+    def no_autoscaler() -> bool:
+        return False
+
+    with pytest.raises(ConfigError) as e:
+        runtime.wait_for_env_resource(cfg, lambda: {"env": 1.0}, pytest.fail, no_autoscaler)
+    msg = str(e.value)
+    assert (
+        "env.num_sessions = 8 sessions need 8 units of the Ray resource 'env' (1 per session)"
+        in msg
+    )
+    assert "offers 1: lower env.num_sessions to 1" in msg
+    assert "node-resources.sh" in msg and "env.fit_to_cluster=true" in msg
+    assert "no autoscaler" in msg and "failing now rather than waiting 6" not in msg
+    # 16 sessions 4 to an actor ask for 4 units; 3 offered hold 12 sessions
+    hosted = _config("cluster.address=auto", "env.num_sessions=16", "env.sessions_per_actor=4")
+    with pytest.raises(ConfigError, match=r"need 4 units .*1 per actor of 4 sessions.* to 12"):
+        runtime.wait_for_env_resource(hosted, lambda: {"env": 3.0}, pytest.fail, no_autoscaler)
+    # a local Ray says it without asking about an autoscaler
+    with pytest.raises(ConfigError, match="need 8 units"):
+        runtime.wait_for_env_resource(
+            _config("env.num_sessions=8"), lambda: {"env": 1.0}, pytest.fail, pytest.fail
+        )
+    # enough units: the config comes back as it was
+    assert runtime.wait_for_env_resource(cfg, lambda: {"env": 8.0}, pytest.fail) is cfg
+
+
+def test_fit_to_cluster_runs_with_the_sessions_offered_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cfg = _config("cluster.address=auto", "env.num_sessions=8", "env.fit_to_cluster=true")
+    with caplog.at_level(logging.WARNING, logger="dart_ray.run.capacity"):
+        fitted = runtime.wait_for_env_resource(cfg, lambda: {"env": 3.0}, pytest.fail)
+    assert fitted.env.num_sessions == 3 and cfg.env.num_sessions == 8
+    [line] = caplog.messages
+    assert line == (
+        "env.fit_to_cluster: the cluster offers 3 units of 'env', so the run starts 3 of "
+        "env.num_sessions = 8 sessions"
+    )
+    # 2 units hold two actors of 4 sessions: 8 of 10
+    hosted = _config("env.num_sessions=10", "env.sessions_per_actor=4", "env.fit_to_cluster=true")
+    assert runtime.wait_for_env_resource(hosted, lambda: {"env": 2.0}).env.num_sessions == 8
+
+
+def test_the_read_only_provider_means_no_autoscaler() -> None:
+    """`node_type_mapping` as the v1 monitor wrote it on two real heads (Ray 2.60): `ray start
+    --head` (read-only provider) and one started with a fake_multinode cluster YAML."""
+    from dart_ray.run.capacity import node_types_show_autoscaler
+
+    node = "5c55416d374f87fd80541291a1a78df3e1ac0749b663fe5a50ec46c3"
+    assert node_types_show_autoscaler({node: f"node_{node}"}) is False
+    assert node_types_show_autoscaler({node: "ray.head.default"}) is True
+    assert node_types_show_autoscaler({node: f"node_{node}", "10.0.0.7": "env"}) is True
+    assert node_types_show_autoscaler({}) is None

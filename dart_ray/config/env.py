@@ -121,6 +121,10 @@ class EnvConfig(Section):
     sessions that wait on remote machines or on simulated latencies (the timing mode)."""
     resource: str | None = "env"
     """Custom Ray resource each session requests (1 unit per session); None to not request one."""
+    fit_to_cluster: bool = False
+    """When the cluster offers fewer units of `resource` than the session actors need, start as
+    many sessions as it offers (said in one line) instead of failing with the numbers. With
+    `max_sessions` the pool then grows back as nodes with the resource join."""
     minidesk: MiniDeskOptions = MiniDeskOptions()
     """Options of the MiniDesk synthetic environment."""
     miniwob: MiniWobOptions = MiniWobOptions()

@@ -18,7 +18,13 @@ class RunConfig(Section):
     run_id: str | None = None
     """Run id to use (or resume). Generated as `<name>-<timestamp>` when unset."""
     root_dir: Path = Path("runs")
-    """Folder for run outputs (`<root_dir>/<run_id>/`) and the embedded SQLite log."""
+    """Folder for run outputs (`<root_dir>/<run_id>/`) and the embedded SQLite log. A relative
+    path is taken from the working directory, except in a Ray job with an uploaded working
+    directory (see job_root_dir); give an absolute path (shared storage) on a cluster."""
+    job_root_dir: Path = Path("~/dart-ray")
+    """Where a relative root_dir goes when the run is a Ray job submitted with `--working-dir`:
+    Ray runs such a job in a temporary copy of that folder, so outputs there would be lost
+    from sight. `~` is the home of the user running Ray on the driver's node."""
     seed: int = 0
     """Seed for task sampling, environments and model initialisation."""
     mode: Literal["decoupled", "sync"] = "decoupled"

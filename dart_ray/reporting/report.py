@@ -279,5 +279,8 @@ def render(report: RunReport, console: Console) -> None:
         f"KL k3 {mean('mismatch_kl_k3', '.2e')}",
     )
     t.add_row("wall time", f"{report.wall_s:.0f} s")
-    t.add_row("outputs", f"{report.run_dir}/report.json, curve.png, system.png, tb/")
     console.print(t)
+    # not in the table: a cell wraps or cuts a long path to the console's width
+    console.print(
+        f"outputs in {report.run_dir}: report.json, curve.png, system.png, tb/", soft_wrap=True
+    )

@@ -125,8 +125,12 @@ def run_train(config: Config, out: Console) -> int:
         counts["versions"] = int(history[-1].get("version", 0)) if history else 0
         progress.show(counts)
 
+    def started(parts: runtime.Parts) -> None:
+        # whole, on a line of its own: a console cuts long lines to its width (80 in a job log)
+        progress.console.print(f"run {parts.run_id}: outputs in {parts.run_dir}", soft_wrap=True)
+
     with progress:
-        report = driver.train(config, on_tick=tick)
+        report = driver.train(config, on_tick=tick, on_start=started)
     render(report, out)
     return 0
 

@@ -157,17 +157,25 @@ def _graceful_signals(stop: list[str]) -> Iterator[None]:
             signal.signal(s, h)
 
 
-def train(config: Config, on_tick: Callable[[runtime.Parts], None] | None = None) -> RunReport:
-    parts = runtime.start(config)
+def train(
+    config: Config,
+    on_tick: Callable[[runtime.Parts], None] | None = None,
+    on_start: Callable[[runtime.Parts], None] | None = None,
+) -> RunReport:
+    """Run `config` to its end, or until SIGTERM/SIGINT (then the run is STOPPED: marked so
+    in the log at once, so that a SIGKILL after the grace period leaves no RUNNING run)."""
     stop: list[str] = []
-    try:
-        with _graceful_signals(stop):
+    with _graceful_signals(stop):  # a signal during set-up stops the run before it trains
+        parts = runtime.start(config)
+        if on_start is not None:
+            on_start(parts)
+        try:
             report = _train(parts, on_tick, stop)
-    except BaseException:
-        finish_run(parts.store.engine, parts.run_id, "FAILED")
-        with contextlib.suppress(Exception):  # the Serve app outlives a failed driver
-            runtime.stop(parts)
-        raise
+        except BaseException:
+            finish_run(parts.store.engine, parts.run_id, "FAILED")
+            with contextlib.suppress(Exception):  # the Serve app outlives a failed driver
+                runtime.stop(parts)
+            raise
     finish_run(parts.store.engine, parts.run_id, "STOPPED" if stop else "FINISHED")
     return report
 
@@ -177,7 +185,7 @@ def _train(
 ) -> RunReport:
     config = parts.config
     t0 = time.monotonic()
-    before = parts.evaluate(config.run.eval_tasks)
+    before = None if stop else parts.evaluate(config.run.eval_tasks)
     errors: list[BaseException] = []
     trainer = _fit_in_background(parts, errors)
     rollouts = []
@@ -187,9 +195,10 @@ def _train(
     while trainer.is_alive():
         if time.monotonic() > deadline:
             ray.get(parts.control.request_stop.remote("run.max_minutes reached"))
-        if stop:
+        if stop and time.monotonic() < deadline:
             ray.get(parts.control.request_stop.remote(f"{stop[0]} received"))
-            deadline = min(deadline, time.monotonic())
+            finish_run(parts.store.engine, parts.run_id, "STOPPED")  # before any SIGKILL
+            deadline = time.monotonic()
         if config.run.mode == "sync" and time.monotonic() < deadline:
             _sync_iteration(parts, trainer, deadline)
         else:
@@ -209,7 +218,9 @@ def _train(
     if errors:
         runtime.stop(parts)
         raise errors[0]
-    after = parts.evaluate(config.run.eval_tasks)
+    if stop:  # a stop has a grace period (`ray job stop`: RAY_JOB_STOP_WAIT_TIME_S)
+        log.warning("%s: no held-out evaluation after training (`dart-ray eval`)", stop[0])
+    after = None if stop else parts.evaluate(config.run.eval_tasks)
     report = build_report(parts, before, after, time.monotonic() - t0)
     runtime.stop(parts)
     return report

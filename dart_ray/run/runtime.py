@@ -9,12 +9,17 @@ an operator can find it on the dashboard and a resumed run can replace it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
+import json
 import logging
 import os
 import shutil
+import signal
 import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +43,7 @@ from dart_ray.envs.suites import load_suite
 from dart_ray.evaluation.suite import EvalResult, evaluate
 from dart_ray.records import PackedTasks, Task
 from dart_ray.rollout.episode import EpisodeSettings, ServePolicy
+from dart_ray.run.capacity import fit_to, has_autoscaler, shortfall, units_needed
 from dart_ray.store import Store, open_store
 from dart_ray.store.episodes import log_unfinished
 from dart_ray.store.runs import finish_run, register_run
@@ -60,6 +66,28 @@ def start_ray(config: Config) -> None:
     resolves to another cluster. To use $RAY_ADDRESS, say `cluster.address=auto`."""
     if ray.is_initialized():
         return
+    with _keeping_signal_handlers():
+        _init_ray(config)
+
+
+@contextlib.contextmanager
+def _keeping_signal_handlers() -> Iterator[None]:
+    """`ray.init` puts Ray's own SIGTERM handler in place of the driver's (it logs "SIGTERM
+    received" and aborts the process): put back what the driver had, so that `ray job stop`
+    reaches `driver._graceful_signals` and the run stops cleanly."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    kept = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in kept.items():
+            if callable(handler):  # the driver's own (Python) handler
+                signal.signal(s, handler)
+
+
+def _init_ray(config: Config) -> None:
     c = config.cluster
     if c.address:
         ray.init(address=c.address, namespace=c.namespace)
@@ -101,10 +129,10 @@ def cpu_demand(config: Config) -> dict[str, float]:
     }
 
 
-def check_fits(config: Config) -> None:
+def check_fits(config: Config, autoscaler: Callable[[], bool] = has_autoscaler) -> None:
     """A run whose parts cannot all be placed would wait forever for the missing CPUs. On a
-    local Ray (nothing will add nodes) that is a configuration error, said at once; on a
-    cluster the autoscaler may add them, so it is a warning."""
+    local Ray, or a cluster that no autoscaler grows, that is a configuration error, said at
+    once; where an autoscaler may add nodes it is a warning."""
     demand = cpu_demand(config)
     need = sum(demand.values())
     have = float(ray.cluster_resources().get("CPU", 0.0))
@@ -118,6 +146,8 @@ def check_fits(config: Config) -> None:
     )
     if config.cluster.address is None:
         raise ConfigError(msg)
+    if not autoscaler():
+        raise ConfigError(f"{msg}, or add nodes: {NO_AUTOSCALER}")
     log.warning("%s; waiting for the autoscaler to add nodes", msg)
 
 
@@ -136,26 +166,46 @@ def missing_env_resource(config: Config, resources: dict[str, float]) -> str | N
     )
 
 
+NO_AUTOSCALER = (
+    "this cluster has no autoscaler (its nodes were started with `ray start`), so nothing "
+    "will add nodes: failing now rather than waiting"
+)
+
+
 def wait_for_env_resource(
     config: Config,
-    resources: Callable[[], dict[str, float]] = ray.cluster_resources,
+    resources: Callable[[], dict[str, float]] | None = None,
     sleep: Callable[[float], None] = time.sleep,
-) -> None:
-    """On a cluster, say at once which resource is missing, then give the autoscaler
-    `cluster.resource_wait_s` to add a node offering it; fail with the fix after that."""
-    hint = missing_env_resource(config, resources())
-    if hint is None:
-        return
+    autoscaler: Callable[[], bool] = has_autoscaler,
+) -> Config:
+    """The config to run with, once the cluster offers the `env.resource` units its sessions
+    need (capacity.py says why): at once if it does; with fewer sessions if it offers some
+    and `env.fit_to_cluster` allows it; after the autoscaler added nodes, within
+    `cluster.resource_wait_s`. A local Ray, or a cluster without an autoscaler, fails at once
+    with the numbers and the fix."""
+    res = config.env.resource
+    if not res:
+        return config
+    resources = resources or ray.cluster_resources
+    offered = resources().get(res, 0.0)
+    if offered >= units_needed(config):
+        return config
+    if config.env.fit_to_cluster and offered >= 1.0:
+        return fit_to(config, offered)
+    hint = shortfall(config, offered) or missing_env_resource(config, {res: offered})
+    assert hint is not None
     wait = config.cluster.resource_wait_s
     if config.cluster.address is None or wait <= 0:
         raise ConfigError(hint)
-    log.warning("%s; waiting up to %.0f s for the autoscaler to add one", hint, wait)
+    if not autoscaler():
+        raise ConfigError(f"{hint}; {NO_AUTOSCALER} {wait:.0f} s (cluster.resource_wait_s)")
+    log.warning("%s; waiting up to %.0f s for the autoscaler to add nodes", hint, wait)
     waited = 0.0
     while waited < wait:
         sleep(2.0)
         waited += 2.0
-        if missing_env_resource(config, resources()) is None:
-            return
+        if resources().get(res, 0.0) >= units_needed(config):
+            return config
     raise ConfigError(f"{hint} (waited {wait:.0f} s)")
 
 
@@ -278,22 +328,55 @@ class Parts:
         )
 
 
+def job_working_dir() -> str | None:
+    """The working directory Ray uploaded for this driver (`ray job submit --working-dir`),
+    or None when the driver is not such a job. Ray runs the job in a temporary copy of it
+    (`.../runtime_resources/working_dir_files/_ray_pkg_*`), removed when no longer used."""
+    spec = os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")  # set by Ray's job supervisor
+    if not spec:
+        return None
+    working_dir = (json.loads(spec).get("runtime_env") or {}).get("working_dir")
+    return str(working_dir) if working_dir else None
+
+
+def run_root(config: Config) -> Path:
+    """Where the run's outputs and its embedded log go, as an absolute path: `run.root_dir`
+    as it is when absolute; a relative one from the working directory, except in a job with
+    an uploaded working directory, whose copy is temporary and unknown to the operator:
+    there it is taken from `run.job_root_dir` (`~/dart-ray/runs` by default)."""
+    root = config.run.root_dir.expanduser()
+    if root.is_absolute():
+        return root
+    if job_working_dir() is not None:
+        return (config.run.job_root_dir.expanduser() / root).resolve()
+    return root.resolve()
+
+
 def start(config: Config) -> Parts:
-    """Bring up every part of a run (or of a resumed run)."""
+    """Bring up every part of a run (or of a resumed run). The run is in the log from the
+    start; if bringing it up fails, however, the log says FAILED (never RUNNING)."""
     check_local_inputs(config)
     # Actors and train workers run in other working directories: every path they derive
     # from the config (the SQLite log, blobs, checkpoints) must be absolute.
     config = config.model_copy(
-        update={"run": config.run.model_copy(update={"root_dir": config.run.root_dir.resolve()})}
+        update={"run": config.run.model_copy(update={"root_dir": run_root(config)})}
     ).simulated()  # a timing-mode run: sessions run LatencyMiniDesk with [timing]'s figures
     if config.timing.enabled:
         log.warning("timing mode: a SIMULATED run (compute replaced by calibrated latencies)")
     run_id = new_run_id(config)
-    run_dir = (config.run.root_dir / run_id).resolve()
+    run_dir = config.run.root_dir / run_id
     created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     store = open_store(config, init=True)
     register_run(store.engine, run_id, config.run.name, config.model_dump(mode="json"))
+    try:
+        return _bring_up(config, run_id, run_dir, store, created)
+    except BaseException:
+        finish_run(store.engine, run_id, "FAILED")
+        raise
+
+
+def _bring_up(config: Config, run_id: str, run_dir: Path, store: Store, created: bool) -> Parts:
     start_state = TrainerState(0, 0)
     model_dir = prepare_model(config, run_dir)
     if config.run.resume:
@@ -308,10 +391,10 @@ def start(config: Config) -> Parts:
     # --working-dir`) can lose its working directory once it connects
     start_ray(config)
     try:
-        check_fits(config)
-        wait_for_env_resource(config)
+        autoscaler = functools.cache(has_autoscaler)  # asked at most once, only when short
+        config = wait_for_env_resource(config, autoscaler=autoscaler)
+        check_fits(config, autoscaler)
     except ConfigError:
-        finish_run(store.engine, run_id, "FAILED")
         if created:  # the log keeps the FAILED run; no empty folder is left to explain
             shutil.rmtree(run_dir, ignore_errors=True)
         raise

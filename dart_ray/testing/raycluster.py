@@ -75,9 +75,16 @@ class LocalCluster:
             )
         )
 
-    def start_head(self, num_cpus: float, resources: str = "{}") -> None:
+    def start_head(
+        self, num_cpus: float, resources: str = "{}", autoscaling_config: Path | None = None
+    ) -> None:
+        """The head; with `autoscaling_config` (a cluster YAML), its monitor runs Ray's
+        autoscaler on it (the fake_multinode provider needs RAY_FAKE_CLUSTER=1 in `env`),
+        otherwise the read-only provider of a `ray start --head`, which launches nothing."""
+        extra = [f"--autoscaling-config={autoscaling_config}"] if autoscaling_config else []
         self._start(
             [
+                *extra,
                 "--head",
                 f"--port={self.gcs_port}",
                 f"--dashboard-port={self.dashboard_port}",
