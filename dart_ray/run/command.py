@@ -106,12 +106,8 @@ def run_train(config: Config, out: Console) -> int:
     load_suite(config, "train")
 
     progress = TrainProgress(out)
-    started: list[bool] = []
 
     def tick(parts: runtime.Parts) -> None:
-        if not started:
-            started.append(True)
-            progress.note(f"run {parts.run_id}: policy server at {parts.policy_url}")
         counts: dict[str, int] = {}
         try:  # a rollouter being restarted by Ray has no stats to give this tick
             stats = ray.get([r.stats.remote() for r in parts.rollouters], timeout=10)
@@ -126,8 +122,10 @@ def run_train(config: Config, out: Console) -> int:
         progress.show(counts)
 
     def started(parts: runtime.Parts) -> None:
-        # whole, on a line of its own: a console cuts long lines to its width (80 in a job log)
-        progress.console.print(f"run {parts.run_id}: outputs in {parts.run_dir}", soft_wrap=True)
+        # whole, each on a line of its own: a console cuts long lines to its width (80 in a
+        # job log)
+        progress.note(f"run {parts.run_id}: outputs in {parts.run_dir}")
+        progress.note(f"run {parts.run_id}: policy server at {parts.policy_url}")
 
     with progress:
         report = driver.train(config, on_tick=tick, on_start=started)
