@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from dart_ray.config import ConfigError, load_config
-from dart_ray.run import runtime
+from dart_ray.run import capacity, runtime
 
 
 def _config(*overrides: str):  # type: ignore[no-untyped-def]
@@ -25,32 +25,32 @@ def _config(*overrides: str):  # type: ignore[no-untyped-def]
 
 
 def test_cpu_demand_adds_every_part() -> None:
-    demand = runtime.cpu_demand(_config())
+    demand = capacity.cpu_demand(_config())
     assert sum(demand.values()) == pytest.approx(32 * 0.1 + 0.5 + 0.5 + 0.1 + 0.25)
     assert "32 env actors x env.num_cpus 0.1" in demand
     # sessions hosted 16 to an actor reserve CPUs per actor
-    hosted = runtime.cpu_demand(_config("env.sessions_per_actor=16"))
+    hosted = capacity.cpu_demand(_config("env.sessions_per_actor=16"))
     assert hosted["2 env actors (16 sessions each) x env.num_cpus 0.1"] == pytest.approx(0.2)
 
 
 def test_too_many_sessions_for_a_local_ray_is_a_config_error(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(runtime.ray, "cluster_resources", lambda: {"CPU": 2.0})
+    monkeypatch.setattr(capacity.ray, "cluster_resources", lambda: {"CPU": 2.0})
     with pytest.raises(ConfigError, match=r"reserves 4.55 CPUs .* has 2: lower env.num_cpus"):
-        runtime.check_fits(_config())
-    runtime.check_fits(_config("env.num_cpus=0.01"))  # 1.67 CPUs: fits
+        capacity.check_fits(_config())
+    capacity.check_fits(_config("env.num_cpus=0.01"))  # 1.67 CPUs: fits
 
 
 def test_on_a_cluster_it_waits_for_the_autoscaler(monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(runtime.ray, "cluster_resources", lambda: {"CPU": 2.0})
+    monkeypatch.setattr(capacity.ray, "cluster_resources", lambda: {"CPU": 2.0})
     with caplog.at_level(logging.WARNING, logger="dart_ray.run.runtime"):
-        runtime.check_fits(_config("cluster.address=auto"), lambda: True)
+        capacity.check_fits(_config("cluster.address=auto"), lambda: True)
     assert "waiting for the autoscaler" in caplog.text
 
 
 def test_on_a_cluster_without_an_autoscaler_it_fails_at_once(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(runtime.ray, "cluster_resources", lambda: {"CPU": 2.0})
+    monkeypatch.setattr(capacity.ray, "cluster_resources", lambda: {"CPU": 2.0})
     with pytest.raises(ConfigError, match=r"reserves 4.55 CPUs .* has no autoscaler"):
-        runtime.check_fits(_config("cluster.address=auto"), lambda: False)
+        capacity.check_fits(_config("cluster.address=auto"), lambda: False)
 
 
 def test_a_cluster_without_the_env_resource_is_named_at_once_and_fails_after_the_wait(
@@ -64,18 +64,18 @@ def test_a_cluster_without_the_env_resource_is_named_at_once_and_fails_after_the
         caplog.at_level(logging.WARNING, logger="dart_ray.run.runtime"),
         pytest.raises(ConfigError, match=r"resource 'env'.*--resources=.*env.resource=\"\"") as e,
     ):
-        runtime.wait_for_env_resource(cfg, lambda: {"CPU": 8.0}, slept.append, lambda: True)
+        capacity.wait_for_env_resource(cfg, lambda: {"CPU": 8.0}, slept.append, lambda: True)
     assert "waited 6 s" in str(e.value) and sum(slept) == 6.0
     assert "resource 'env'" in caplog.text  # said before the wait, not after it
     # the autoscaler adds nodes offering the 32 units during the wait: the run goes on
     offers = iter([{"CPU": 8.0}, {"CPU": 8.0}, {"CPU": 40.0, "env": 32.0}])
-    runtime.wait_for_env_resource(cfg, lambda: next(offers), lambda _: None, lambda: True)
+    capacity.wait_for_env_resource(cfg, lambda: next(offers), lambda _: None, lambda: True)
     # sessions that ask for no resource, or a cluster that has it: nothing to wait for
-    assert runtime.missing_env_resource(_config('env.resource=""'), {}) is None
-    assert runtime.missing_env_resource(cfg, {"env": 1.0}) is None
+    assert capacity.missing_env_resource(_config('env.resource=""'), {}) is None
+    assert capacity.missing_env_resource(cfg, {"env": 1.0}) is None
     # a local Ray that lacks it (never: start_ray adds it) fails at once, without waiting
     with pytest.raises(ConfigError, match="resource 'env'"):
-        runtime.wait_for_env_resource(_config(), dict, lambda _: pytest.fail("waited"))
+        capacity.wait_for_env_resource(_config(), dict, lambda _: pytest.fail("waited"))
 
 
 def test_a_failed_pre_flight_leaves_no_run_folder(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -115,7 +115,7 @@ def test_fewer_env_units_than_sessions_fail_at_once_with_the_numbers_and_the_fix
         return False
 
     with pytest.raises(ConfigError) as e:
-        runtime.wait_for_env_resource(cfg, lambda: {"env": 1.0}, pytest.fail, no_autoscaler)
+        capacity.wait_for_env_resource(cfg, lambda: {"env": 1.0}, pytest.fail, no_autoscaler)
     msg = str(e.value)
     assert (
         "env.num_sessions = 8 sessions need 8 units of the Ray resource 'env' (1 per session)"
@@ -127,14 +127,14 @@ def test_fewer_env_units_than_sessions_fail_at_once_with_the_numbers_and_the_fix
     # 16 sessions 4 to an actor ask for 4 units; 3 offered hold 12 sessions
     hosted = _config("cluster.address=auto", "env.num_sessions=16", "env.sessions_per_actor=4")
     with pytest.raises(ConfigError, match=r"need 4 units .*1 per actor of 4 sessions.* to 12"):
-        runtime.wait_for_env_resource(hosted, lambda: {"env": 3.0}, pytest.fail, no_autoscaler)
+        capacity.wait_for_env_resource(hosted, lambda: {"env": 3.0}, pytest.fail, no_autoscaler)
     # a local Ray says it without asking about an autoscaler
     with pytest.raises(ConfigError, match="need 8 units"):
-        runtime.wait_for_env_resource(
+        capacity.wait_for_env_resource(
             _config("env.num_sessions=8"), lambda: {"env": 1.0}, pytest.fail, pytest.fail
         )
     # enough units: the config comes back as it was
-    assert runtime.wait_for_env_resource(cfg, lambda: {"env": 8.0}, pytest.fail) is cfg
+    assert capacity.wait_for_env_resource(cfg, lambda: {"env": 8.0}, pytest.fail) is cfg
 
 
 def test_fit_to_cluster_runs_with_the_sessions_offered_and_says_so(
@@ -142,7 +142,7 @@ def test_fit_to_cluster_runs_with_the_sessions_offered_and_says_so(
 ) -> None:
     cfg = _config("cluster.address=auto", "env.num_sessions=8", "env.fit_to_cluster=true")
     with caplog.at_level(logging.WARNING, logger="dart_ray.run.capacity"):
-        fitted = runtime.wait_for_env_resource(cfg, lambda: {"env": 3.0}, pytest.fail)
+        fitted = capacity.wait_for_env_resource(cfg, lambda: {"env": 3.0}, pytest.fail)
     assert fitted.env.num_sessions == 3 and cfg.env.num_sessions == 8
     [line] = caplog.messages
     assert line == (
@@ -151,7 +151,7 @@ def test_fit_to_cluster_runs_with_the_sessions_offered_and_says_so(
     )
     # 2 units hold two actors of 4 sessions: 8 of 10
     hosted = _config("env.num_sessions=10", "env.sessions_per_actor=4", "env.fit_to_cluster=true")
-    assert runtime.wait_for_env_resource(hosted, lambda: {"env": 2.0}).env.num_sessions == 8
+    assert capacity.wait_for_env_resource(hosted, lambda: {"env": 2.0}).env.num_sessions == 8
 
 
 def test_the_read_only_provider_means_no_autoscaler() -> None:

@@ -25,8 +25,12 @@ import logging
 import time
 from collections.abc import Callable
 
+import ray
+
+from actors.curator import NUM_CPUS as CURATOR_CPUS
 from actors.env_host import host_count
-from dart_ray.config import Config
+from actors.rollouter import NUM_CPUS as ROLLOUTER_CPUS
+from dart_ray.config import Config, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +43,7 @@ def units_needed(config: Config) -> int:
 def shortfall(config: Config, offered: float) -> str | None:
     """What to tell an operator whose cluster offers fewer `env.resource` units than the
     sessions need, with the numbers and each fix; None when they fit (or none is offered at
-    all: `runtime.missing_env_resource` says that)."""
+    all: `missing_env_resource` says that)."""
     e, need = config.env, units_needed(config)
     if offered < 1.0 or offered >= need:
         return None
@@ -113,3 +117,102 @@ def has_autoscaler(timeout_s: float = 10.0, sleep: Callable[[float], None] = tim
         if time.monotonic() >= deadline:
             return False
         sleep(1.0)
+
+
+def cpu_demand(config: Config) -> dict[str, float]:
+    """CPUs each kind of part reserves in Ray (what must fit at once for the run to start)."""
+    p, e, t = config.policy, config.env, config.train
+    replicas = p.min_replicas if p.autoscaling else p.replicas
+    actors = host_count(e)
+    per = f" ({e.sessions_per_actor} sessions each)" if e.sessions_per_actor > 1 else ""
+    return {
+        f"{actors} env actors{per} x env.num_cpus {e.num_cpus:g}": actors * e.num_cpus,
+        f"{replicas} policy replicas x policy.num_cpus {p.num_cpus:g}": replicas * p.num_cpus,
+        f"{t.num_workers} train workers x train.cpus_per_worker {t.cpus_per_worker:g}": (
+            t.num_workers * t.cpus_per_worker
+        ),
+        f"{config.rollout.rollouters} rollouters x {ROLLOUTER_CPUS:g}": (
+            ROLLOUTER_CPUS * config.rollout.rollouters
+        ),
+        "the curator": CURATOR_CPUS,
+    }
+
+
+def check_fits(config: Config, autoscaler: Callable[[], bool] = has_autoscaler) -> None:
+    """A run whose parts cannot all be placed would wait forever for the missing CPUs. On a
+    local Ray, or a cluster that no autoscaler grows, that is a configuration error, said at
+    once; where an autoscaler may add nodes it is a warning."""
+    demand = cpu_demand(config)
+    need = sum(demand.values())
+    have = float(ray.cluster_resources().get("CPU", 0.0))
+    if need <= have + 1e-9:
+        return
+    parts = "; ".join(f"{k}: {v:g}" for k, v in demand.items())
+    msg = (
+        f"the run reserves {need:g} CPUs ({parts}) but the Ray cluster has {have:g}: lower "
+        "env.num_cpus (sessions that mostly wait need little), env.num_sessions or "
+        "policy.num_cpus, or give Ray more (cluster.num_cpus)"
+    )
+    if config.cluster.address is None:
+        raise ConfigError(msg)
+    if not autoscaler():
+        raise ConfigError(f"{msg}, or add nodes: {NO_AUTOSCALER}")
+    log.warning("%s; waiting for the autoscaler to add nodes", msg)
+
+
+def missing_env_resource(config: Config, resources: dict[str, float]) -> str | None:
+    """What to tell a user whose cluster offers no unit of `env.resource` (each environment
+    session asks for one, so without it the run would wait forever); None if it is there."""
+    res = config.env.resource
+    if not res or resources.get(res, 0.0) >= 1.0:
+        return None
+    return (
+        f"no node of the Ray cluster offers the resource {res!r} that each environment "
+        f"session requests (env.resource): start nodes with `ray start ... "
+        f"--resources='{{\"{res}\": 8}}'`, give a node type `resources: {{{res}: 16}}` in the "
+        f'cluster YAML (cluster/aws.yaml does), or run with env.resource="" to place sessions '
+        "on any node"
+    )
+
+
+NO_AUTOSCALER = (
+    "this cluster has no autoscaler (its nodes were started with `ray start`), so nothing "
+    "will add nodes: failing now rather than waiting"
+)
+
+
+def wait_for_env_resource(
+    config: Config,
+    resources: Callable[[], dict[str, float]] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    autoscaler: Callable[[], bool] = has_autoscaler,
+) -> Config:
+    """The config to run with, once the cluster offers the `env.resource` units its sessions
+    need (capacity.py says why): at once if it does; with fewer sessions if it offers some
+    and `env.fit_to_cluster` allows it; after the autoscaler added nodes, within
+    `cluster.resource_wait_s`. A local Ray, or a cluster without an autoscaler, fails at once
+    with the numbers and the fix."""
+    res = config.env.resource
+    if not res:
+        return config
+    resources = resources or ray.cluster_resources
+    offered = resources().get(res, 0.0)
+    if offered >= units_needed(config):
+        return config
+    if config.env.fit_to_cluster and offered >= 1.0:
+        return fit_to(config, offered)
+    hint = shortfall(config, offered) or missing_env_resource(config, {res: offered})
+    assert hint is not None
+    wait = config.cluster.resource_wait_s
+    if config.cluster.address is None or wait <= 0:
+        raise ConfigError(hint)
+    if not autoscaler():
+        raise ConfigError(f"{hint}; {NO_AUTOSCALER} {wait:.0f} s (cluster.resource_wait_s)")
+    log.warning("%s; waiting up to %.0f s for the autoscaler to add nodes", hint, wait)
+    waited = 0.0
+    while waited < wait:
+        sleep(2.0)
+        waited += 2.0
+        if resources().get(res, 0.0) >= units_needed(config):
+            return config
+    raise ConfigError(f"{hint} (waited {wait:.0f} s)")
