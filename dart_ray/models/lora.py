@@ -106,8 +106,11 @@ def add_adapters(model: torch.nn.Module, spec: AdapterSpec) -> torch.nn.Module:
         inject_adapter_in_model(spec.peft_config(), model)  # type: ignore[arg-type]
     except ValueError as e:
         raise AdapterError(f"train.lora.target_modules {list(spec.target_modules)}: {e}") from None
+    base_dtype = next(p.dtype for n, p in model.named_parameters() if not is_adapter(n))
     for name, p in model.named_parameters():
         p.requires_grad_(is_adapter(name))
+        if is_adapter(name) and p.dtype != base_dtype:  # peft upcasts bf16 adapters to fp32
+            p.data = p.data.to(base_dtype)  # the model's dtype: what is trained and published
     return model
 
 

@@ -119,3 +119,9 @@ def test_train_lora_is_configured_and_checked() -> None:
     with pytest.raises(Exception, match=r"needs policy\.vllm_max_lora_rank >= 8 \(got 0\)"):
         load_config(None, ["train.lora.enabled=true", "train.lora.rank=8", "policy.engine=vllm"])
     load_config(None, ["train.lora.enabled=true", "policy.engine=vllm", "policy.vllm_max_lora_rank=32"])  # fmt: skip
+
+
+def test_adapters_take_the_model_s_dtype(tiny_model_dir: Path) -> None:
+    """peft would upcast adapters of a bf16 model to float32: twice the bytes per publish."""
+    model = lora.add_adapters(load_model(tiny_model_dir, dtype=torch.bfloat16), SPEC)
+    assert {t.dtype for t in lora.adapter_state(model).values()} == {torch.bfloat16}
