@@ -227,6 +227,10 @@ def make_config(args: argparse.Namespace, n: int, root: Path, index: int) -> Con
         f"env.num_sessions={n}",
         f"env.sessions_per_actor={args.per_actor}",
         f"rollout.in_flight={n}",
+        # the control plane's throughput is measured, not training: with steps of 64 rows and
+        # curation.max_staleness 2, at most ~96 rows can be in flight and still train, so
+        # admission (rightly) idles most of 256 sessions; off, every session runs
+        "rollout.admission=false",
         f"policy.max_ongoing_requests={max(256, 2 * n)}",
         f"policy.http_port={args.port + index}",
         *screen_overrides(args.screen),
