@@ -29,6 +29,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from actors.control import RunControl
 from actors.curator import Curator
@@ -334,10 +335,11 @@ def _bring_up(config: Config, run_id: str, run_dir: Path, store: Store, created:
         app,
         policy_url=policy_url,
     )
-    parts.curator = Curator.options(name=parts.names("curator"), namespace=ns).remote(
+    here = on_driver_node()
+    parts.curator = Curator.options(name=parts.names("curator"), namespace=ns, **here).remote(
         config, run_id, config.train.num_workers
     )
-    parts.control = RunControl.options(name=parts.names("control"), namespace=ns).remote(
+    parts.control = RunControl.options(name=parts.names("control"), namespace=ns, **here).remote(
         parts.run_id
     )
     packed = PackedTasks.of(tasks)
@@ -349,7 +351,7 @@ def _bring_up(config: Config, run_id: str, run_dir: Path, store: Store, created:
             len(packed.blob) // 1024,
         )
     parts.rollouters = [
-        Rollouter.options(name=parts.names(f"rollouter-{i}"), namespace=ns).remote(
+        Rollouter.options(name=parts.names(f"rollouter-{i}"), namespace=ns, **here).remote(
             config,
             run_id,
             packed,
@@ -366,6 +368,15 @@ def _bring_up(config: Config, run_id: str, run_dir: Path, store: Store, created:
             config.env, f"env-{run_id}", parts.rollouters, len(sessions), parts.names("env-pool")
         )
     return parts
+
+
+def on_driver_node() -> dict[str, Any]:
+    """Actor options that keep a run's own parts (curator, run control, rollouters) on the
+    driver's node, the head: Ray placed RunControl, which reserves no CPU, on an environment
+    node even with a soft affinity, and a part there dies with that node (a RunControl is
+    not restarted). Hard: these parts live and die with the driver's node, as the driver does."""
+    node = ray.get_runtime_context().get_node_id()
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
 
 
 def _worker_resources(c: Config) -> dict[str, float]:
