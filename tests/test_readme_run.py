@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -71,7 +72,10 @@ def test_make_run_from_a_clean_clone(tmp_path: Path) -> None:
         lambda ln: (
             ln.startswith(("trajectories ", "train steps ", "versions ")) and "/10000" not in ln
         ),
+        # a non-terminal's progress line: [hh:mm:ss] trajectories n (r/min), ...
+        lambda ln: re.match(r"\[\d\d:\d\d:\d\d\] trajectories \d", ln) is not None,
         lambda ln: ln[:1] in "┌│├└┏┃┡┗╭╰" or ln.lstrip().startswith("run "),  # the report
+        lambda ln: ln.startswith("outputs in "),  # the run folder, whole, under the report
     )
     lines = [ln for chunk in out.splitlines() for ln in chunk.split("\r") if ln.strip()]
     unexpected = [ln for ln in lines if not any(ok(ln) for ok in expected)]

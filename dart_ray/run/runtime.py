@@ -49,6 +49,11 @@ from dart_ray.store.runs import finish_run, register_run
 from dart_ray.train.checkpointing import TrainerState
 from dart_ray.train.worker import TrainJob, resume_from_durable, train_loop_per_worker
 
+# imported before Ray connects: a job's driver (`ray job submit --working-dir`) can lose its
+# working directory's files once it connects (Ray unpacks the package again), so a module
+# imported lazily after that is not found (tests/test_job_submit.py)
+from serve_apps.policy import deploy_policy
+
 log = logging.getLogger(__name__)
 
 
@@ -300,8 +305,6 @@ def _bring_up(config: Config, run_id: str, run_dir: Path, store: Store, created:
         raise
     ns = config.cluster.namespace
     app = f"policy-{run_id}"
-    from serve_apps.policy import deploy_policy
-
     # the OpenAI route: /v1/chat/completions when this is Serve's only application
     policy, policy_url = deploy_policy(
         config.policy,
