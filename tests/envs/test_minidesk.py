@@ -371,3 +371,18 @@ def test_text_over_the_type_limit_is_a_failed_step() -> None:
         {"event": "invalid", "error": "invalid action: type content has 6 characters, more than 5"},
     )
     assert env.step(Action(ActionKind.TYPE, text="abcde")).info["event"] != "invalid"
+
+
+def test_sessions_of_a_process_share_one_background_and_frames_never_draw_on_it() -> None:
+    """Memory per session (docs/BENCHMARKS.md): a 1920x1080 session holds its current frame,
+    not a background of its own as well; the shared background stays as drawn."""
+    cfg = EnvConfig(screen_width=1920, screen_height=1080)
+    task = next(t for t in ALL_TASKS if t.config["family"] == "click-button")
+    a, b = MiniDeskEnv(cfg), MiniDeskEnv(cfg)
+    a.reset(task)
+    b.reset(task)
+    assert a._base is b._base
+    before = np.asarray(a._base).copy()
+    a.step(oracle_action(a))
+    assert np.array_equal(np.asarray(b._base), before)
+    assert a._frame is not a._base

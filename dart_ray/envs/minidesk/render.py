@@ -12,6 +12,7 @@ to read positions from pixels, a warm-up for learning to ground clicks.
 from __future__ import annotations
 
 import zlib
+from functools import lru_cache
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
@@ -51,15 +52,24 @@ def position_wallpaper(width: int, height: int) -> Image.Image:
 
 
 def background(scene: Scene, wallpaper: str) -> Image.Image:
-    """Wallpaper plus window chrome: everything that does not change during an episode."""
-    w, h = scene.width, scene.height
+    """Wallpaper plus window chrome: everything that does not change during an episode.
+
+    Shared, not copied: the sessions of a process showing the same window at the same size
+    draw on copies of one image (`render` copies it), so a 1920x1080 session holds its current
+    frame only, not a background of its own too (6.2 MB each; docs/BENCHMARKS.md, memory per
+    session). Never draw on the image returned."""
+    return _background(scene.width, scene.height, scene.title, bool(scene.menus), wallpaper)
+
+
+@lru_cache(maxsize=16)
+def _background(w: int, h: int, title: str, menus: bool, wallpaper: str) -> Image.Image:
     img = position_wallpaper(w, h) if wallpaper == "position" else Image.new("RGB", (w, h), DESKTOP)
     d = ImageDraw.Draw(img)
     if wallpaper != "position":
         d.rectangle((1, 1, w - 2, h - 2), fill=WINDOW, outline=GREY)
     d.rectangle((1, 1, w - 2, TITLE_H - 1), fill=TITLE)
-    d.text((PAD_TITLE, 3), scene.title, font=FONT, fill=WHITE)
-    if scene.menus:
+    d.text((PAD_TITLE, 3), title, font=FONT, fill=WHITE)
+    if menus:
         d.rectangle((1, TITLE_H, w - 2, TITLE_H + MENUBAR_H - 1), fill=FACE)
     return img
 
