@@ -264,6 +264,7 @@ class Curator:
     def _metrics(self) -> dict[str, object]:
         m = asdict(self.core.metrics)
         m["dropped"] = dict(self.core.metrics.dropped)
+        m["stale_at"] = dict(self.core.metrics.stale_at)
         m["staleness"] = dict(self.core.metrics.staleness)
         m["in_flight_steps"] = len(self.core.in_flight)
         m["steps_handed"] = self.core.steps_handed

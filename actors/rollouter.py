@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +33,7 @@ from actors.env_host import resolve_session
 from dart_ray.config import Config
 from dart_ray.engines.base import SamplingParams
 from dart_ray.records import PackedTasks, Status, Trajectory
-from dart_ray.rollout.admission import Pace, may_open_group
+from dart_ray.rollout.admission import Pace, may_open_group, slow_group_s
 from dart_ray.rollout.episode import (
     EpisodeSettings,
     RaySession,
@@ -152,6 +152,7 @@ class Rollouter:
         self.version = 0
         self._stop = False
         self._remaining: dict[str, int] = {}
+        self._opened: dict[str, float] = {}  # group id -> when its first slot was planned
         self._rewards: list[float] = []
         self._metrics = _Metrics(run_id)
         self._active = 0
@@ -159,7 +160,9 @@ class Rollouter:
         self._curator = curator
         self._pace: Pace | None = None
         self._pace_read_at = 0.0
-        self._episode_s = 0.0
+        self._group_durations: deque[float] = deque(maxlen=32)
+        """The last groups' durations, first slot planned to last member logged (admission
+        waits for a group's slowest episode)."""
         """Mean wall time of this rollouter's episodes (exponential, the newest 1/5)."""
         self.reconciled = self._reconcile()
 
@@ -256,6 +259,7 @@ class Rollouter:
                 while len(running) < room and may_start():
                     slot = await asyncio.to_thread(self.scheduler.next_slot)
                     self._remaining.setdefault(slot.group_id, slot.group_size)
+                    self._opened.setdefault(slot.group_id, time.monotonic())
                     running.add(asyncio.create_task(self._slot(slot)))
                 if not running:
                     break
@@ -288,7 +292,7 @@ class Rollouter:
             rollouters=c.rollout.rollouters,
             max_staleness=c.curation.max_staleness,
             slack=c.rollout.admission_slack,
-            episode_s=self._episode_s,
+            group_s=slow_group_s(self._group_durations),
         )
 
     async def _read_pace(self) -> None:
@@ -362,7 +366,6 @@ class Rollouter:
         finally:
             took = time.monotonic() - t0
             self.report.episode_s += took
-            self._episode_s = took if not self._episode_s else 0.8 * self._episode_s + 0.2 * took
             self._active -= 1
             self._metrics.in_flight.set(self._active)
             self.idle.put_nowait(session)
@@ -389,4 +392,5 @@ class Rollouter:
         self._remaining[gid] -= 1
         if self._remaining[gid] == 0:
             del self._remaining[gid]
+            self._group_durations.append(time.monotonic() - self._opened.pop(gid))
             self.report.groups_completed += 1

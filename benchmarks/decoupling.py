@@ -171,6 +171,7 @@ def run_mode(args: argparse.Namespace, mode: str, index: int, root: Path) -> dic
         "staleness": report.staleness,
         "dropped": report.dropped,
         "dropped_stale": int(report.dropped.get("stale", 0)),
+        "stale_at": report.stale_at,
         "stale_dropped_frac": report.dropped.get("stale", 0) / trajectories
         if trajectories
         else 0.0,
@@ -294,6 +295,8 @@ def render(results: dict[str, Any]) -> None:
         ("rows trained", "rows_trained", num),
         ("rows dropped as too stale", "dropped_stale", num),
         ("  share of trajectories", "stale_dropped_frac", pct),
+        ("  where they waited", "stale_at",
+         lambda v: ", ".join(f"{k} {n}" for k, n in sorted(v.items())) or "-"),
         ("admission held sessions idle, s", "admission_held_s", num),
         ("busy sessions per training GPU", "busy_sessions_per_training_gpu",
          lambda v: f"{v:.1f}"),

@@ -34,8 +34,8 @@ class RolloutConfig(Section):
     as sessions free up, and what the trainer cannot take in time is dropped as stale. The
     synchronous mode never runs ahead, so it ignores this."""
     admission_slack: float = Field(default=0.5, ge=0)
-    """Versions of margin admission keeps below `curation.max_staleness` (the pace and the
-    episode lengths are estimates)."""
+    """Versions of margin admission keeps below `curation.max_staleness` for a group's place
+    in the queue (which groups will carry signal, and how full steps leave, are estimates)."""
 
 
 class CurationConfig(Section):

@@ -104,6 +104,10 @@ class CuratorMetrics:
     released_rows: int = 0
     """Rows of handed-out steps given back because their trainer went away."""
     dropped: Counter[str] = field(default_factory=Counter)
+    stale_at: Counter[str] = field(default_factory=Counter)
+    """Rows dropped as stale by where they waited when the bound passed them: `log`
+    (unclaimed), `filling` (a group waiting for members), `ready` (a curated group waiting
+    for partners), `queued` (a packed step waiting for a trainer)."""
     staleness: Counter[int] = field(default_factory=Counter)
     """Claimed rows by version lag (current version - row version)."""
 
@@ -137,8 +141,9 @@ class CuratorCore:
         self._ready: list[GroupOutcome] = []  # curated, trainable, waiting for a step
         self._next_step = 0
         self._last_renew = time.monotonic()
-        self._marks: deque[tuple[float, int, int]] = deque(maxlen=8)
-        """(time, version, rows that had left the queue) at each new version: the pace."""
+        self._marks: deque[tuple[float, int, tuple[int, int]]] = deque(maxlen=8)
+        """(time, version, (rows that had left the queue, rows handed)) at each new version:
+        the pace."""
         self._read_lineage()
 
     # ------------------------------------------------------------------ inputs
@@ -153,24 +158,31 @@ class CuratorCore:
             now = time.monotonic() if now is None else now
             self._marks.append((now, self.version, self._rows_left()))
 
-    def _rows_left(self) -> int:
-        """Rows that have left the queue so far: handed to a trainer, or dropped."""
-        return self.metrics.rows_handed + sum(self.metrics.dropped.values())
+    def _rows_left(self) -> tuple[int, int]:
+        """Rows that have left the queue so far (handed to a trainer, or dropped), and those
+        handed."""
+        handed = self.metrics.rows_handed
+        return handed + sum(self.metrics.dropped.values()), handed
 
     def pace(self, available: int, now: float | None = None) -> Pace:
-        """The trainer's pace over the last few versions and the rows waiting ahead of a new
-        episode (`available`: the log's unclaimed rows, which the caller counts), for
-        staleness-aware admission (`dart_ray.rollout.admission`). Before two versions are
-        seen, a step's nominal rows per version and no version rate; the rate counts the
-        time since the newest version, so it falls while the trainer stalls."""
+        """The trainer's pace over the last few versions and the queue ahead of a new group
+        (`available`: the log's unclaimed rows, which the caller counts), for staleness-aware
+        admission (`dart_ray.rollout.admission`). Before two versions are seen, a step's
+        nominal rows per version and no version rate; the rate counts the time since the
+        newest version, so it falls while the trainer stalls."""
         now = time.monotonic() if now is None else now
         nominal = float(self.s.groups_per_step * self.s.group_size)
-        rpv, vps = nominal, 0.0
+        rpv, hpv, vps, left = nominal, nominal, 0.0, 0.0
         if len(self._marks) >= 2:
-            (t0, v0, r0), (_, v1, r1) = self._marks[0], self._marks[-1]
+            (t0, v0, (r0, h0)), (t1, v1, (r1, h1)) = self._marks[0], self._marks[-1]
             rpv = (r1 - r0) / (v1 - v0) or nominal
+            hpv = (h1 - h0) / (v1 - v0) or nominal
             vps = (v1 - v0) / max(now - t0, 1e-9)
-        return Pace(self.version, rpv, vps, available + len(self._claims))
+            left = max(0.0, 1.0 - (now - t1) * vps)
+        curated = sum(len(o.trained_rows) for o in self._ready)
+        curated += sum(len(st.rows) for st in self.queue)
+        waiting = available + len(self._claims) - curated
+        return Pace(self.version, rpv, vps, waiting, curated, hpv, left)
 
     def _read_lineage(self) -> None:
         if self._lineage is None:
@@ -199,6 +211,7 @@ class CuratorCore:
         stale = self.log.drop_stale(self.s.run_id, min_version)
         if stale:
             self.metrics.dropped["stale"] += stale
+            self.metrics.stale_at["log"] += stale
         room = min(self.s.claim_batch, self.s.max_held_rows - len(self._claims))
         if room < 1:  # what it holds (filling groups, curated groups, queued steps) is enough
             return 0
@@ -382,13 +395,13 @@ class CuratorCore:
         bound, a discarded version by its distance through the version tree."""
         return "stale" if self.lineage.effective(version) < self.min_version else None
 
-    def _keep_group(self, out: GroupOutcome) -> bool:
+    def _keep_group(self, out: GroupOutcome, at: str) -> bool:
         """Whether a curated group may still train. Its own rows are judged as a whole (a
         GRPO group never trains with part of its members): one unfit row drops them all. A
         replay that went unfit is only taken out: it was an extra sample, and the members'
         advantages stay valid (the replay only moved their baseline)."""
         for why in filter(None, (self._unfit(self._versions[r]) for r in out.trained_rows)):
-            self._settle_drops(out.trained_rows, why)
+            self._settle_drops(out.trained_rows, why, at=at)
             return False
         if out.replayed is not None:
             replay = [s for s in out.samples if s.trajectory_id == out.replayed]
@@ -407,8 +420,8 @@ class CuratorCore:
 
         for rows in self.groups.pop_where(unfit):
             why = next(filter(None, (self._unfit(r.version_num) for r in rows)))
-            self._settle_drops([r.id for r in rows], why)
-        self._ready = [out for out in self._ready if self._keep_group(out)]
+            self._settle_drops([r.id for r in rows], why, at="filling")
+        self._ready = [out for out in self._ready if self._keep_group(out, at="ready")]
         self._drop_stale_queued()
 
     def _drop_stale_queued(self) -> None:
@@ -419,7 +432,7 @@ class CuratorCore:
         back: list[GroupOutcome] = []
         for st in self.queue:
             samples = st.num_samples
-            groups = [g for g in st.groups if self._keep_group(g)]
+            groups = [g for g in st.groups if self._keep_group(g, at="queued")]
             if len(groups) < len(st.groups):
                 back.extend(groups)
                 self.metrics.steps_formed -= 1
@@ -441,8 +454,9 @@ class CuratorCore:
         s = self.s
         return GroupBuffer(s.group_size, s.min_group, s.group_timeout_s, s.group_abandon_s)
 
-    def _settle_drops(self, rids: list[int], reason: str) -> None:
-        """Drop rows this curator holds, one log transaction per claim."""
+    def _settle_drops(self, rids: list[int], reason: str, at: str = "") -> None:
+        """Drop rows this curator holds, one log transaction per claim (`at`: where a stale
+        row waited, `CuratorMetrics.stale_at`)."""
         by_claim: dict[str, tuple[Claim, list[int]]] = {}
         for rid in rids:
             if rid in self._claims:
@@ -451,6 +465,8 @@ class CuratorCore:
         for c, ids in by_claim.values():
             self.log.drop(c, ids, reason)
             self.metrics.dropped[reason] += len(ids)
+            if reason == "stale":
+                self.metrics.stale_at[at] += len(ids)
             for rid in ids:
                 self._forget(rid)
 

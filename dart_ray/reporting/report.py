@@ -110,6 +110,7 @@ def build_report(
         samples_trained=int(sum(h.get("samples", 0) for h in history)),
         rows_trained=int(cur["rows_trained"]),
         dropped=dict(cur["dropped"]),
+        stale_at=dict(cur.get("stale_at", {})),
         env_utilisation=episode_s / session_s if session_s else 0.0,
         trainer_utilisation=busy / wall_s if wall_s else 0.0,
         sync_count=len(syncs),

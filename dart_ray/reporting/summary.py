@@ -66,6 +66,9 @@ class RunReport:
     admission_held_s: float = 0.0
     """Session-free seconds during which staleness-aware admission held new groups back
     (summed over rollouters)."""
+    stale_at: dict[str, int] = field(default_factory=dict)
+    """Rows dropped as stale by where they waited when the bound passed them
+    (`CuratorMetrics.stale_at`: log, filling, ready, queued)."""
     update_blocked_s: float | None = None
     """Mean seconds, per update and replica, new generations were held off (the wait above
     plus the load)."""

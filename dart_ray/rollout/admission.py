@@ -1,36 +1,47 @@
 """Staleness-aware admission: start only the episodes whose data can still train in time.
 
-A row trains when every row ahead of it has left the queue (trained, or dropped by the
-curator). In the decoupled mode a rollouter that starts episodes as fast as its sessions free
-up outruns a slow trainer, and a third of what it rolls out waits until it is older than
+In the decoupled mode a rollouter that starts episodes as fast as its sessions free up
+outruns a slow trainer, and a third of what it rolls out waits until it is older than
 `curation.max_staleness` and is dropped (the timing benchmark: 2,348 of 7,118 rows): GPUs and
 desktops spent for nothing. AReaL avoids it by not running ahead of the trainer; so does this.
 
-An episode started now at version v0 logs its row after its duration d; then the rows ahead
-of it (those waiting now, and those running or planned beside it) leave the queue at the
-trainer's pace, `rows_per_version` per published version. Its lag when trained is about
+A row trains when its step is handed to the trainer, and the trainer takes a step as it
+publishes a version; at hand-out a row's lag is the versions published since it started.
+With a step in training, the next step handed goes out one version later, the one after it
+two, and so on. A group opened now at version v lands in the step its place in the queue
+gives it, counted in steps (versions):
 
-    d * versions_per_s  +  (waiting + running) / rows_per_version
+    ahead = curated_rows / handed_per_version + (waiting_rows + running + group) / rows_per_version
 
-which must stay within `max_staleness - slack`. So the rows allowed running or planned, over
-all rollouters, are
+the curated groups and packed steps leaving at the trainer's rows per step, the rows not yet
+curated (its own group's included) at the rows per version that leave the queue at all,
+dropped ones included (a group without signal leaves without a step). That must stay within
+`max_staleness - slack`: the slack covers what the count estimates (which groups will carry
+signal, steps that leave partly filled). And the group must be done in time: its step cannot
+go out before its slowest episode ends, so its lag is at least one more than the versions
+published while it runs,
 
-    admitted = rows_per_version * (max_staleness - slack - d * versions_per_s) - waiting
+    own = group_s * versions_per_s - training_left + 1
 
-The pace is measured by the curator (`CuratorCore.pace`), the episode duration by the
-rollouter. Admission is decided per group (a GRPO group trains only whole), and a rollouter
-with nothing running always opens one group, so a run can never stall on its own gate.
-Dropping stale rows stays the guarantee; admission only avoids producing them.
+(`group_s` the slow groups' duration, first episode started to last one logged: the 90th
+percentile the rollouter measured, so no slack again; `training_left` what remains of the
+version being trained). A group opens while both are within the bound.
+
+The counts are the curator's (`CuratorCore.pace`), the group duration the rollouter's.
+Admission is decided per group (a GRPO group trains only whole), and a rollouter with nothing
+running always opens one group, so a run can never stall on its own gate. Dropping stale rows
+stays the guarantee; admission only avoids producing them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True)
 class Pace:
-    """The trainer's pace and the queue ahead of a new episode, as the curator sees them."""
+    """The trainer's pace and the queue ahead of a new group, as the curator sees them."""
 
     version: int
     """The newest published version."""
@@ -39,15 +50,28 @@ class Pace:
     versions_per_s: float
     """Published versions per second (0 until measured, or while the trainer is stalled)."""
     waiting_rows: int
-    """Logged rows not yet handed to the trainer: unclaimed in the log, or held by the
-    curator (groups filling, curated groups, queued steps)."""
+    """Logged rows not yet curated: unclaimed in the log, or in groups still filling."""
+    curated_rows: int = 0
+    """Rows of curated groups waiting for partners and of packed steps waiting for a trainer."""
+    handed_per_version: float = 0.0
+    """Rows handed to the trainer per published version (a step's rows; 0: not measured, then
+    `rows_per_version` stands for it)."""
+    training_left: float = 0.0
+    """What is left of the version being trained, in versions (0 to 1): 1 - the time since the
+    newest version x `versions_per_s`."""
+
+    def versions_ahead(self, rows: int) -> float:
+        """Steps (versions) the queue holds up to `rows` more started now behind it."""
+        rpv = max(self.rows_per_version, 1e-9)
+        hpv = self.handed_per_version or rpv
+        return self.curated_rows / hpv + (self.waiting_rows + rows) / rpv
 
 
-def admitted_rows(pace: Pace, *, max_staleness: int, slack: float, episode_s: float) -> float:
-    """Rows that may be running or planned across all rollouters (see the module docstring);
-    negative when the queue alone is already as long as the bound allows."""
-    horizon = max_staleness - slack - episode_s * pace.versions_per_s
-    return pace.rows_per_version * horizon - pace.waiting_rows
+def expected_lag(pace: Pace, *, running: int, group: int, group_s: float) -> tuple[float, float]:
+    """The versions a group opened now is behind when handed to the trainer (the module
+    docstring): by its place in the queue, and by its own duration."""
+    own = group_s * pace.versions_per_s - pace.training_left + 1.0
+    return pace.versions_ahead(running + group), own
 
 
 def may_open_group(
@@ -58,15 +82,22 @@ def may_open_group(
     rollouters: int,
     max_staleness: int,
     slack: float,
-    episode_s: float,
+    group_s: float,
 ) -> bool:
     """Whether a rollouter with `running` rows running or planned may open a group of `group`
-    more: its share (1 / rollouters) of the admitted rows must hold them, or nothing of its
-    own is running (so the run always moves). Without a pace yet (the curator not reachable),
-    it may."""
+    more: each of the `rollouters` is taken to run as much as this one (so a rollouter keeps to
+    its share), and the group must still train within the bound; a rollouter with nothing of its own running always may (so
+    the run moves). Without a pace yet (the curator not reachable), it may."""
     if pace is None or running == 0:
         return True
-    share = admitted_rows(
-        pace, max_staleness=max_staleness, slack=slack, episode_s=episode_s
-    ) / max(1, rollouters)
-    return running + group <= share
+    n = max(1, rollouters)
+    ahead, own = expected_lag(pace, running=running * n, group=group * n, group_s=group_s)
+    return ahead <= max_staleness - slack and own <= max_staleness
+
+
+def slow_group_s(durations: Sequence[float]) -> float:
+    """The slow groups' duration: the 90th percentile of the last groups' (0 before any)."""
+    if not durations:
+        return 0.0
+    ordered = sorted(durations)
+    return ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]

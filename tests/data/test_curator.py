@@ -402,8 +402,11 @@ def test_the_pace_is_rows_leaving_the_queue_per_version_and_versions_per_second(
     """Admission reads the curator's pace. Before two versions: a step's nominal rows (2
     groups of 4 = 8) and no rate. Then: v0 at t=100 with nothing gone yet; a step of 8 rows
     handed out, a group of 4 dropped (no signal); v1 at t=110: 12 rows per version, and at
-    t=120 (10 s after v1, nothing new) 1 version in 20 s: 0.05 per second. Waiting: the 3
-    rows the curator holds (a group still filling) plus the 5 unclaimed the caller counts."""
+    t=120 (10 s after v1, nothing new) 1 version in 20 s: 0.05 per second; 8 rows handed per
+    version; half the version (10 s of 20) left. Waiting (not yet curated): the 5 unclaimed
+    the caller counts; curated: the group of 3 waiting for a partner. Two more groups: one
+    packs a step with it, the other waits: 3 + 4 + 4 curated, and a group still filling (2
+    of 4 logged) waits."""
     blobs = BlobStore(tmp_path / "blobs")
     core = CuratorCore(log, blobs, settings(groups_per_step=2))
     first = core.pace(available=0)
@@ -412,10 +415,20 @@ def test_the_pace_is_rows_leaving_the_queue_per_version_and_versions_per_second(
     write_group(log, blobs, "a", 0, [1.0, 0.0, 0.0, 0.0])
     write_group(log, blobs, "b", 0, [1.0, 1.0, 0.0, 0.0])
     write_group(log, blobs, "flat", 0, [0.0, 0.0, 0.0, 0.0])  # no signal: dropped
-    write_group(log, blobs, "filling", 0, [1.0, 0.0, 0.0])  # 3 of 4
+    write_group(log, blobs, "three", 0, [1.0, 0.0, 0.0])  # curated, no partner yet
     core.poll(now=100.0)
     assert core.take_step() is not None
     core.set_version(1, now=110.0)
     pace = core.pace(available=5, now=120.0)
     assert pace.version == 1 and pace.rows_per_version == 12.0
-    assert pace.versions_per_s == 1 / 20 and pace.waiting_rows == 5 + 3
+    assert pace.versions_per_s == 1 / 20 and pace.handed_per_version == 8.0
+    assert pace.training_left == 0.5
+    assert (pace.waiting_rows, pace.curated_rows) == (5, 3)
+    write_group(log, blobs, "c", 1, [1.0, 0.0, 0.0, 0.0])
+    write_group(log, blobs, "d", 1, [1.0, 0.0, 0.0, 0.0])
+    t = make_trajectory("e#1/0", task_id="e", reward=1.0, group_id="e#1", group_size=4)
+    u = make_trajectory("e#1/1", task_id="e", reward=0.0, group_id="e#1", group_size=4)
+    log.append_many([(t, blobs.write(t)), (u, blobs.write(u))])
+    core.poll(now=121.0)
+    pace = core.pace(available=0, now=121.0)
+    assert (pace.waiting_rows, pace.curated_rows) == (2, 3 + 4 + 4)

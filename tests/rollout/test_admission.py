@@ -2,26 +2,56 @@
 
 from __future__ import annotations
 
-from dart_ray.rollout.admission import Pace, admitted_rows, may_open_group
+from dart_ray.rollout.admission import Pace, expected_lag, may_open_group, slow_group_s
+
+KW = dict(max_staleness=2, slack=0.5)
 
 
-def test_admitted_rows_is_the_queue_the_bound_leaves_room_for() -> None:
-    # 64 rows leave the queue per version, a version every 20 s; bound 2, slack 0.5; episodes
-    # take 10 s = 0.5 versions: horizon 2 - 0.5 - 0.5 = 1 version = 64 rows, 40 already wait
-    pace = Pace(version=7, rows_per_version=64.0, versions_per_s=0.05, waiting_rows=40)
-    assert admitted_rows(pace, max_staleness=2, slack=0.5, episode_s=10.0) == 64 - 40
-    # episodes of 30 s (1.5 versions): nothing more can train within the bound
-    assert admitted_rows(pace, max_staleness=2, slack=0.5, episode_s=30.0) == -40
+def test_the_queue_drains_packed_steps_a_version_each_the_rest_at_the_rows_leaving() -> None:
+    # 100 rows leave per version (64 handed in a step, 36 dropped without signal); one packed
+    # step (64 curated rows) = 1 version; 20 rows waiting + 22 running + a group of 8 = 50
+    # rows = 0.5 version: 1.5 by place. By time: a group of 60 s at a version per 100 s,
+    # half the version being trained left: 0.6 - 0.5 + 1 = 1.1
+    pace = Pace(7, 100.0, 0.01, waiting_rows=20, curated_rows=64, handed_per_version=64.0,
+                training_left=0.5)  # fmt: skip
+    ahead, own = expected_lag(pace, running=22, group=8, group_s=60.0)
+    assert (ahead, round(own, 9)) == (1.5, 1.1)
+    assert may_open_group(pace, running=22, group=8, rollouters=1, group_s=60.0, **KW)  # type: ignore[arg-type]
 
 
-def test_a_group_opens_while_the_rollouters_share_holds_it() -> None:
-    pace = Pace(version=7, rows_per_version=64.0, versions_per_s=0.05, waiting_rows=40)
-    kw = dict(group=8, max_staleness=2, slack=0.5, episode_s=10.0)
-    # 24 rows admitted over 2 rollouters: 12 each; 0 + 8 <= 12 opens; 8 + 8 > 12 does not
-    assert may_open_group(pace, running=4, rollouters=2, **kw)  # type: ignore[arg-type]
-    assert not may_open_group(pace, running=8, rollouters=2, **kw)  # type: ignore[arg-type]
-    # one rollouter holds all 24: 16 + 8 <= 24
-    assert may_open_group(pace, running=16, rollouters=1, **kw)  # type: ignore[arg-type]
+def test_two_packed_steps_hold_new_groups_that_one_would_let_open() -> None:
+    """The timing benchmark's stale rows all waited in a packed step (queue_depth 2): behind
+    a step in training and two packed ones, a row is handed out 3 versions later. Counted at
+    the rows leaving (100 a version) two packed steps looked like 1.28 versions."""
+    one = Pace(5, 100.0, 0.005, waiting_rows=0, curated_rows=64, handed_per_version=64.0)
+    two = Pace(5, 100.0, 0.005, waiting_rows=0, curated_rows=128, handed_per_version=64.0)
+    # one step: 1 + (8 + 8) / 100 = 1.16 <= 1.5; two: 2.16 > 1.5
+    assert may_open_group(one, running=8, group=8, rollouters=1, group_s=50.0, **KW)  # type: ignore[arg-type]
+    assert not may_open_group(two, running=8, group=8, rollouters=1, group_s=50.0, **KW)  # type: ignore[arg-type]
+
+
+def test_a_group_that_ends_after_the_second_version_waits_however_short_the_queue() -> None:
+    # an empty queue, a version every 100 s, 0.2 of it left: a group of 100 s ends after the
+    # next version, before the one after: handed out at lag 2 (1.0 - 0.2 + 1 = 1.8);
+    # a group of 150 s ends after two more and goes out at lag 3 (1.5 - 0.2 + 1 = 2.3 > 2)
+    pace = Pace(3, 64.0, 0.01, waiting_rows=0, handed_per_version=64.0, training_left=0.2)
+    assert may_open_group(pace, running=8, group=8, rollouters=1, group_s=100.0, **KW)  # type: ignore[arg-type]
+    assert not may_open_group(pace, running=8, group=8, rollouters=1, group_s=150.0, **KW)  # type: ignore[arg-type]
+
+
+def test_each_rollouter_keeps_to_its_share() -> None:
+    # 100 rows per version, an empty queue: 1.5 versions = 150 rows over all; 2 rollouters
+    # each running 64 + a group of 8: 2 x 72 = 144 fits, 3 x 72 does not
+    pace = Pace(2, 100.0, 0.01, waiting_rows=0, handed_per_version=64.0)
+    assert may_open_group(pace, running=64, group=8, rollouters=2, group_s=10.0, **KW)  # type: ignore[arg-type]
+    assert not may_open_group(pace, running=64, group=8, rollouters=3, group_s=10.0, **KW)  # type: ignore[arg-type]
+
+
+def test_the_slow_groups_are_the_90th_percentile_of_the_last() -> None:
+    assert slow_group_s([]) == 0.0
+    assert slow_group_s([5.0]) == 5.0
+    assert slow_group_s([float(i) for i in range(1, 11)]) == 10.0  # index 9 of 10
+    assert slow_group_s([float(i) for i in range(1, 21)]) == 19.0  # index 18 of 20
 
 
 def test_the_run_never_stalls_on_its_own_gate() -> None:
@@ -29,7 +59,7 @@ def test_the_run_never_stalls_on_its_own_gate() -> None:
     rollouter with nothing running opens one, and without a pace (the curator restarting)
     groups open."""
     full = Pace(version=3, rows_per_version=32.0, versions_per_s=0.0, waiting_rows=500)
-    kw = dict(group=8, rollouters=1, max_staleness=2, slack=0.5, episode_s=60.0)
+    kw = dict(group=8, rollouters=1, group_s=60.0, **KW)
     assert not may_open_group(full, running=8, **kw)  # type: ignore[arg-type]
     assert may_open_group(full, running=0, **kw)  # type: ignore[arg-type]
     assert may_open_group(None, running=64, **kw)  # type: ignore[arg-type]
