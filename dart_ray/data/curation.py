@@ -80,7 +80,7 @@ def split_steps(t: Trajectory, advantage: float | Sequence[float]) -> list[StepS
     """Every step of a trajectory as a sample carrying the trajectory's advantage, or with a
     sequence, each step its own (step-level credit)."""
     shots = [s.screenshot for s in t.steps]
-    advs = [advantage] * len(t.steps) if isinstance(advantage, float | int) else advantage
+    advs = advantage if isinstance(advantage, Sequence) else [advantage] * len(t.steps)
     if len(advs) != len(t.steps):
         raise ValueError(
             f"{len(advs)} advantages for the {len(t.steps)} steps of {t.trajectory_id}"
@@ -182,6 +182,8 @@ def curate_group(
         )
         per_traj = [a.tolist() for a in torch.split(flat, num_steps.tolist())]
     samples = [s for t, a in zip(trajs, per_traj, strict=True) for s in split_steps(t, a)]
+    # selection comes after the advantages: the group's (and each anchor state's) statistics
+    # are over every step, and selection only chooses which of them train
     if params.entropy_top_fraction < 1.0 and samples:
         scores = torch.tensor([s.entropy for s in samples])
         samples = [samples[i] for i in select_high_entropy(scores, params.entropy_top_fraction)]
