@@ -73,6 +73,10 @@ def settings_from_config(config: Config, run_id: str, num_ranks: int) -> Curator
             success_replay=cur.success_replay,
             entropy_top_fraction=cur.entropy_top_fraction,
             drop_no_signal=cur.drop_no_signal,
+            credit=config.algo.credit,
+            step_gamma=config.algo.step_gamma,
+            step_weight=config.algo.step_weight,
+            step_norm=config.algo.step_norm,
         ),
     )
 

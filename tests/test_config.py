@@ -51,12 +51,37 @@ def test_overrides_take_toml_values() -> None:
         ("env.wait_s=30", "env.wait_s (30) must be shorter than env.step_timeout_s (30)"),
         ("env.wait_s=-1", "env.wait_s = -1: Input should be greater than or equal to 0"),
         ("env.max_type_chars=0", "env.max_type_chars = 0: Input should be greater than or equal"),
+        ("algo.credit=gigpo", "algo.credit = 'gigpo': Input should be 'trajectory' or 'step'"),
+        ("algo.step_gamma=0", "algo.step_gamma = 0: Input should be greater than 0"),
+        ("algo.step_gamma=1.5", "algo.step_gamma = 1.5: Input should be less than or equal to 1"),
+        ("algo.step_weight=-1", "algo.step_weight = -1: Input should be greater than or equal"),
+        ("algo.step_norm=max", "algo.step_norm = 'max': Input should be 'mean' or 'std'"),
     ],
 )
 def test_errors_name_the_key_and_value(override: str, expected: str) -> None:
     with pytest.raises(ConfigError) as e:
         load_config(None, [override])
     assert expected in str(e.value)
+
+
+def test_step_credit_reaches_the_curator() -> None:
+    """The `[algo]` credit knobs are the curator's `CurationParams` (the curator computes the
+    advantages), as `algo.advantage` is."""
+    from actors.curator import settings_from_config
+
+    c = load_config(
+        REPO / "configs" / "tiny-cpu.toml",
+        [
+            "algo.credit='step'",
+            "algo.step_gamma=0.9",
+            "algo.step_weight=0.5",
+            "algo.step_norm='std'",
+        ],
+    )
+    p = settings_from_config(c, "run-x", 1).params
+    assert (p.credit, p.step_gamma, p.step_weight, p.step_norm) == ("step", 0.9, 0.5, "std")
+    d = settings_from_config(load_config(REPO / "configs" / "tiny-cpu.toml"), "run-x", 1).params
+    assert (d.credit, d.step_gamma, d.step_weight, d.step_norm) == ("trajectory", 0.95, 1.0, "mean")
 
 
 def test_bad_files_are_named(tmp_path: Path) -> None:

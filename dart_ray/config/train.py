@@ -34,6 +34,22 @@ class AlgoConfig(Section):
     """KL coefficient to the frozen reference model; 0 disables the reference model."""
     advantage: Literal["trajectory", "step_weighted"] = "trajectory"
     """GRPO statistics per trajectory, or DART-GUI's step-count-weighted variant."""
+    credit: Literal["trajectory", "step"] = "trajectory"
+    """`trajectory`: every step of a trajectory carries its trajectory's GRPO advantage.
+    `step` (GiGPO): each step also gets `step_weight` x its advantage among the group's steps
+    that acted on the same screen (an anchor state), so the action that made the difference
+    at a state every rollout passed through gets more credit than the steps around it
+    (docs/TRAINING.md, "Step-level credit")."""
+    step_gamma: float = Field(default=0.95, gt=0, le=1)
+    """Discount gamma of a step's return gamma^(T-1-t) x R with `credit = "step"`: at a shared
+    state, the action from which the episode ended sooner gets the higher return (1: none)."""
+    step_weight: float = Field(default=1.0, ge=0)
+    """omega, the weight of the step-level advantage added to the trajectory's (0 is
+    trajectory-level credit)."""
+    step_norm: Literal["mean", "std"] = "mean"
+    """Normalisation of the returns within an anchor state: `mean` only centres them (the step
+    advantage stays on the reward's scale); `std` also divides by their std, so where every
+    rollout from a state succeeded, one step's discount weighs as much as success does."""
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
     """How token losses are reduced to one number: `token_mean` (every token of the batch
     weighs the same), `seq_mean_token_mean` (every step sample weighs the same, so a short

@@ -1,6 +1,6 @@
 """Curate one GRPO group: drop what cannot be trained (with a reason), replay a success into
-an all-fail group, compute advantages, split trajectories into step samples, and keep the
-high-entropy steps.
+an all-fail group, compute advantages (per trajectory, or per step with `credit = "step"`),
+split trajectories into step samples, and keep the high-entropy steps.
 
 Every logged row of the group ends in exactly one of two lists: `trained_rows` (its samples go
 to the trainer and the row is acknowledged after the optimizer step) or `dropped` (with the
@@ -9,15 +9,17 @@ reason, acknowledged as dropped now). Nothing is silently lost.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from dart_ray.algo.advantages import AdvantageMode, grpo_advantages
+from dart_ray.algo.credit import CreditMode, StepNorm, step_credit_advantages
 from dart_ray.algo.curriculum import replay_into_group
 from dart_ray.algo.selection import select_high_entropy
-from dart_ray.records import Status, Trajectory
+from dart_ray.records import Status, Step, Trajectory
 from dart_ray.store.log_rows import LogRow
 
 
@@ -52,7 +54,16 @@ class CurationParams:
     success_replay: bool = True
     entropy_top_fraction: float = 1.0
     drop_no_signal: bool = True
-    """Drop groups whose advantages are all zero (every reward equal): they teach nothing."""
+    """Drop groups whose rewards are all equal (trajectory advantages all zero): they teach
+    nothing. With `credit = "step"` too (see `curate_group`)."""
+    credit: CreditMode = "trajectory"
+    """`step`: add GiGPO's anchor-state advantage to each step (`dart_ray.algo.credit`)."""
+    step_gamma: float = 0.95
+    """Discount of the step returns (`credit = "step"`)."""
+    step_weight: float = 1.0
+    """omega, the weight of the step-level advantage (`credit = "step"`)."""
+    step_norm: StepNorm = "mean"
+    """Centre the returns of an anchor state (`mean`) or standardise them (`std`)."""
 
 
 @dataclass
@@ -65,9 +76,15 @@ class GroupOutcome:
     rewards: list[float] = field(default_factory=list)
 
 
-def split_steps(t: Trajectory, advantage: float) -> list[StepSample]:
-    """Every step of a trajectory as a sample carrying the trajectory's advantage."""
+def split_steps(t: Trajectory, advantage: float | Sequence[float]) -> list[StepSample]:
+    """Every step of a trajectory as a sample carrying the trajectory's advantage, or with a
+    sequence, each step its own (step-level credit)."""
     shots = [s.screenshot for s in t.steps]
+    advs = advantage if isinstance(advantage, Sequence) else [advantage] * len(t.steps)
+    if len(advs) != len(t.steps):
+        raise ValueError(
+            f"{len(advs)} advantages for the {len(t.steps)} steps of {t.trajectory_id}"
+        )
     out = []
     for i, s in enumerate(t.steps):
         first = max(0, i - s.num_images + 1)
@@ -81,13 +98,23 @@ def split_steps(t: Trajectory, advantage: float) -> list[StepSample]:
                 prompt_ids=s.prompt_ids,
                 response_ids=s.response_ids,
                 behaviour_logprobs=s.behaviour_logprobs,
-                advantage=advantage,
+                advantage=float(advs[i]),
                 images=tuple(shots[first : i + 1]),
                 entropy=ent,
                 token_versions=s.token_versions,
             )
         )
     return out
+
+
+def state_key(step: Step) -> bytes | None:
+    """The anchor-state key of a step: a digest of the screenshot it acted on (MiniDesk and
+    MiniWoB++ render a repeated state to the same PNG bytes), None without a screenshot (such
+    a step is never grouped). A 16-byte blake2b: hashing a 1080p PNG once is far cheaper than
+    comparing the bytes pairwise, and a collision is out of reach."""
+    if not step.screenshot:
+        return None
+    return hashlib.blake2b(step.screenshot, digest_size=16).digest()
 
 
 def curate_group(
@@ -128,13 +155,35 @@ def curate_group(
     num_steps = torch.tensor([t.num_steps for t in trajs])
     adv = grpo_advantages(rewards, num_steps, mode=params.advantage_mode)
     out.rewards = rewards.tolist()
+    # The drop looks at the trajectory advantages in both credit modes. With terminal rewards
+    # all equal, the step returns at a shared state differ only by their discount: all zero in
+    # an all-fail group, and in an all-success group a preference for shorter paths alone,
+    # which is no evidence about which action solved the task. Such a group still teaches
+    # nothing worth its steps, and a group is dropped (or not) whatever the credit mode.
     if params.drop_no_signal and bool((adv == 0).all()):
         for row in rows:
             if row is not None:
                 out.dropped[row.id] = "no_signal"
         return out
 
-    samples = [s for t, a in zip(trajs, adv.tolist(), strict=True) for s in split_steps(t, a)]
+    per_traj: list[float] | list[list[float]] = adv.tolist()
+    if params.credit == "step":
+        # a replayed success is one of the group here: its steps share anchor states with the
+        # members' (same task, same start) and enter their statistics like any member's
+        keys = [state_key(s) for t in trajs for s in t.steps]  # each screenshot hashed once
+        flat = step_credit_advantages(
+            rewards,
+            num_steps,
+            keys,
+            gamma=params.step_gamma,
+            weight=params.step_weight,
+            norm=params.step_norm,
+            episode_mode=params.advantage_mode,
+        )
+        per_traj = [a.tolist() for a in torch.split(flat, num_steps.tolist())]
+    samples = [s for t, a in zip(trajs, per_traj, strict=True) for s in split_steps(t, a)]
+    # selection comes after the advantages: the group's (and each anchor state's) statistics
+    # are over every step, and selection only chooses which of them train
     if params.entropy_top_fraction < 1.0 and samples:
         scores = torch.tensor([s.entropy for s in samples])
         samples = [samples[i] for i in select_high_entropy(scores, params.entropy_top_fraction)]

@@ -216,3 +216,144 @@ def test_samples_read_back_from_blobs_pack_as_the_written_ones() -> None:
     assert batch.column("behaviour_logprobs").to_pylist()[3] == [-0.5, -1.0, -1.5]
     assert batch.column("loss_mask").to_pylist() == [[1, 1, 1]] * 4
     assert batch.column("token_versions").to_pylist() == [[]] * 4
+
+
+# --------------------------------------------------------------------------- step-level credit
+
+
+def on_screens(tid: str, reward: float, screens: str, version: int = 0) -> Trajectory:
+    """A trajectory whose step i acted on screen screens[i] (one letter per screen: the
+    same letter is the same PNG bytes, as a reproducible environment renders a repeated
+    state)."""
+    t = make_trajectory(tid, reward=reward, n_steps=len(screens), version=version)
+    steps = tuple(
+        replace(s, screenshot=b"\x89PNG screen " + c.encode())
+        for s, c in zip(t.steps, screens, strict=True)
+    )
+    return replace(t, steps=steps)
+
+
+STEP = CurationParams(credit="step", step_gamma=0.9, step_weight=1.0, step_norm="mean")
+
+
+def test_step_credit_rewards_the_choice_made_at_a_shared_state() -> None:
+    """Both rollouts start on screen s. The success clicks the right thing there (s -> a ->
+    done, R = 1); the failure does not (s -> b -> c -> done, R = 0).
+
+    trajectory credit: A^E = [+0.7071, -0.7071] on every step (rewards [1, 0])
+    step credit, gamma 0.9: returns success [0.9, 1.0], failure [0, 0, 0]; screen s holds
+    {0.9, 0}, mean 0.45 -> the success's first step +0.45, the failure's -0.45; screens a,
+    b, c are seen once -> 0. So the step at s gets 0.7071 + 0.45 = 1.1571 (and the failure's
+    -1.1571), and the steps after the paths parted keep exactly their trajectory's advantage.
+    """
+    h = 0.5**0.5
+    members = [
+        (row_for(t, i + 1), t)
+        for i, t in enumerate([on_screens("win", 1.0, "sa"), on_screens("lose", 0.0, "sbc")])
+    ]
+    traj = curate_group(members, CurationParams())
+    assert [(s.trajectory_id, s.step_idx, s.advantage) for s in traj.samples] == [
+        ("win", 0, pytest.approx(h, abs=1e-5)),
+        ("win", 1, pytest.approx(h, abs=1e-5)),
+        ("lose", 0, pytest.approx(-h, abs=1e-5)),
+        ("lose", 1, pytest.approx(-h, abs=1e-5)),
+        ("lose", 2, pytest.approx(-h, abs=1e-5)),
+    ]
+    step = curate_group(members, STEP)
+    assert [s.advantage for s in step.samples] == pytest.approx(
+        [h + 0.45, h, -h - 0.45, -h, -h], abs=1e-5
+    )
+    assert step.trained_rows == traj.trained_rows == [1, 2] and step.dropped == {}
+    # the step that mattered gets more credit than the trajectory level gives it
+    assert step.samples[0].advantage > traj.samples[0].advantage
+    assert step.samples[2].advantage < traj.samples[2].advantage
+
+
+def test_trajectory_credit_ignores_the_screens() -> None:
+    # the default is trajectory credit, and the step knobs do nothing without credit="step"
+    members = [
+        (row_for(t, i + 1), t)
+        for i, t in enumerate([on_screens("win", 1.0, "sa"), on_screens("lose", 0.0, "sbc")])
+    ]
+    a = curate_group(members, CurationParams())
+    b = curate_group(members, CurationParams(step_gamma=0.5, step_weight=3.0, step_norm="std"))
+    assert [s.advantage for s in a.samples] == [s.advantage for s in b.samples]
+    assert len({s.advantage for s in a.samples if s.trajectory_id == "win"}) == 1
+
+
+def test_a_replayed_success_shares_its_states_with_the_members() -> None:
+    """An all-fail group of three on screens s -> b; a success replayed from an older
+    version (s -> a -> done, R = 1) takes the oldest member's place.
+
+    rewards [1, 0, 0] -> A^E = [1.1547, -0.5774, -0.5774] (test_replay_fills_an_all_fail_group)
+    returns: replay [0.9, 1.0], members [0, 0] each; screen s holds {0.9, 0, 0}, mean 0.3
+    -> the replay's step at s +0.6, the members' -0.3; a and b: b holds {0, 0} -> 0, a alone.
+    """
+    winner = on_screens("old-win", 1.0, "sa", version=1)
+    members = [
+        (row_for(t, i + 1), t)
+        for i, t in enumerate(on_screens(f"t{i}", 0.0, "sb") for i in range(3))
+    ]
+    out = curate_group(members, STEP, replay=winner)
+    assert out.replayed == "old-win" and out.dropped == {1: "replaced_by_replay"}
+    got = {(s.trajectory_id, s.step_idx): s.advantage for s in out.samples}
+    e1, e0 = 2 / 3**0.5, -1 / 3**0.5
+    assert got == pytest.approx(
+        {
+            ("old-win", 0): e1 + 0.6,
+            ("old-win", 1): e1,
+            ("t1", 0): e0 - 0.3,
+            ("t1", 1): e0,
+            ("t2", 0): e0 - 0.3,
+            ("t2", 1): e0,
+        },
+        abs=1e-5,
+    )
+
+
+def test_step_credit_still_drops_groups_of_equal_rewards() -> None:
+    # two successes of different lengths through screen s: returns at s are 0.9 and 0.81, a
+    # length preference only; the group is dropped as in trajectory credit
+    members = [
+        (row_for(t, i + 1), t)
+        for i, t in enumerate([on_screens("a", 1.0, "sa"), on_screens("b", 1.0, "sba")])
+    ]
+    out = curate_group(members, STEP)
+    assert out.samples == [] and out.dropped == {1: "no_signal", 2: "no_signal"}
+    kept = curate_group(members, replace(STEP, drop_no_signal=False))
+    # kept anyway: the step term alone, s holds {0.9, 0.81}: mean 0.855 -> +0.045, -0.045
+    assert [s.advantage for s in kept.samples] == pytest.approx(
+        [0.045, 0.0, -0.045, 0.0, 0.0], abs=1e-5
+    )
+
+
+def test_steps_without_a_screenshot_are_never_grouped() -> None:
+    members = group(1.0, 0.0)  # steps at the same index share a factory screenshot
+    blank = [
+        (r, replace(t, steps=tuple(replace(s, screenshot=b"") for s in t.steps)))
+        for r, t in members
+    ]
+    shared = curate_group(members, STEP)
+    assert shared.samples[0].advantage != shared.samples[1].advantage
+    out = curate_group(blank, STEP)
+    h = 0.5**0.5
+    assert [s.advantage for s in out.samples] == pytest.approx([h, h, -h, -h], abs=1e-5)
+
+
+def test_entropy_selection_keeps_the_advantages_of_the_whole_group() -> None:
+    # the anchor statistics are over every step; selection only chooses which steps train
+    members = [
+        (row_for(t, i + 1), t)
+        for i, t in enumerate([on_screens("win", 1.0, "sa"), on_screens("lose", 0.0, "sbc")])
+    ]
+    full = {(s.trajectory_id, s.step_idx): s.advantage for s in curate_group(members, STEP).samples}
+    some = curate_group(members, replace(STEP, entropy_top_fraction=0.5))
+    assert 0 < len(some.samples) < len(full)
+    assert all(s.advantage == full[(s.trajectory_id, s.step_idx)] for s in some.samples)
+
+
+def test_split_steps_takes_one_advantage_per_step() -> None:
+    t = make_trajectory("t", n_steps=3)
+    assert [s.advantage for s in split_steps(t, [0.5, -1.0, 2.0])] == [0.5, -1.0, 2.0]
+    with pytest.raises(ValueError, match="2 advantages for the 3 steps"):
+        split_steps(t, [0.5, 1.0])
