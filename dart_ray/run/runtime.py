@@ -164,6 +164,7 @@ class Parts:
     run_dir: Path
     store: Store
     model_dir: Path
+    """The weights the run starts from now: its base, or the checkpoint it resumes."""
     policy: DeploymentHandle
     sessions: list[Any]
     curator: Any
@@ -178,6 +179,8 @@ class Parts:
     grower: Any = None
     """The EnvPoolGrower when `env.max_sessions` is set (the pool grows with the resource)."""
     stopped: bool = False
+    base_dir: Path | None = None
+    """The run's initial weights (the KL reference), when a resume starts from a checkpoint."""
 
     def names(self, part: str) -> str:
         return f"{part}:{self.run_id}"
@@ -194,6 +197,7 @@ class Parts:
             control=self.names("control"),
             namespace=c.cluster.namespace,
             start=self.start,
+            base_dir=str(self.base_dir or ""),
         )
         return TorchTrainer(
             train_loop_per_worker,
@@ -283,7 +287,7 @@ def start(config: Config) -> Parts:
 
 def _bring_up(config: Config, run_id: str, run_dir: Path, store: Store, created: bool) -> Parts:
     start_state = TrainerState(0, 0)
-    model_dir = prepare_model(config, run_dir)
+    model_dir = base_dir = prepare_model(config, run_dir)
     if config.run.resume:
         path, start_state = resume_from_durable(store, run_id)
         if path is not None:
@@ -337,6 +341,7 @@ def _bring_up(config: Config, run_id: str, run_dir: Path, store: Store, created:
         start_state,
         app,
         policy_url=policy_url,
+        base_dir=base_dir,
     )
     here = on_driver_node()
     parts.curator = Curator.options(name=parts.names("curator"), namespace=ns, **here).remote(

@@ -79,6 +79,10 @@ class TrainJob:
     """Grows with every trainer start; tells the curator a previous trainer is gone."""
     start: TrainerState = field(default_factory=lambda: TrainerState(step=0, version=0))
     poll_s: float = 2.0
+    base_dir: str = ""
+    """The run's initial weights, the KL reference (`algo.kl_beta`) for the whole run: a resumed
+    run trains from a checkpoint (`model_dir`) but keeps its reference. Empty: `model_dir`'s
+    base (the folder itself, or a LoRA checkpoint's recorded base)."""
 
 
 def _rank() -> int:
@@ -291,8 +295,9 @@ def _build(job: TrainJob) -> tuple[torch.nn.Module, Learner]:
         model.gradient_checkpointing_enable()
     device = "cuda" if c.train.use_gpu else "cpu"
     learner = _learner(job, shard_model(model, device), processor, device)
-    if c.algo.kl_beta > 0:  # with LoRA the reference is the frozen base
-        learner.ref_model = shard_model(load_model(lora.base_folder(job.model_dir)), device)
+    if c.algo.kl_beta > 0:  # the run's base, not a resumed checkpoint (with LoRA: frozen)
+        ref = job.base_dir or lora.base_folder(job.model_dir)
+        learner.ref_model = shard_model(load_model(ref), device)
     opt_file = Path(job.model_dir) / "optimizer.pt"
     if opt_file.is_file():  # resuming from a durable checkpoint
         opt_state = torch.load(opt_file, weights_only=False) if _rank() == 0 else {}

@@ -378,3 +378,32 @@ def test_with_train_lora_the_worker_steps_only_the_adapters(
     learner.step(samples(engine, [1.0, -1.0, 1.0, -1.0]), version=0)
     moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     assert moved and moved <= adapters
+
+
+def test_a_resumed_run_keeps_its_base_as_the_kl_reference(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """`_build` of a resumed run trains from the checkpoint but measures the KL to the run's
+    base: before, the reference was the checkpoint itself, so every resume reset the KL
+    penalty to zero and let the policy drift further from the base than `algo.kl_beta` asks."""
+    import shutil
+
+    from dart_ray.models.loading import load_model
+    from dart_ray.train.worker import TrainJob, _build
+
+    ckpt = tmp_path / "checkpoint"
+    shutil.copytree(tiny_model_dir, ckpt)
+    trained = load_model(tiny_model_dir)
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.add_(0.01)
+    trained.save_pretrained(ckpt)
+    cfg = load_config(None, ["algo.kl_beta=0.1"])
+    job = TrainJob(
+        cfg, "kl", str(ckpt), str(tmp_path), "c", "p", "k", "ns", base_dir=str(tiny_model_dir)
+    )
+    model, learner = _build(job)
+    base = load_model(tiny_model_dir).state_dict()
+    ref = learner.ref_model.state_dict()
+    assert all(torch.equal(ref[k], base[k]) for k in base)
+    assert not torch.equal(model.state_dict()["lm_head.weight"], base["lm_head.weight"])
