@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
@@ -154,6 +155,8 @@ async def run_episode(
         obs = await session.reset(task)
     except _ENV_FAILURES as e:
         return done(Status.ABORTED, error=f"reset: {error_message(e)}")
+    except EnvInputError as e:  # the task itself is malformed: no retry can mend it
+        return _bad_task(done, task, "reset", e)
     extra: dict[str, int] = {}
     if s.min_pixels is not None:
         extra["min_pixels"] = s.min_pixels
@@ -221,7 +224,20 @@ async def run_episode(
         reward = await session.evaluate()
     except _ENV_FAILURES as e:
         return done(Status.ABORTED, error=f"evaluate: {error_message(e)}")
+    except EnvInputError as e:  # an evaluator the task configures wrongly
+        return _bad_task(done, task, "evaluate", e)
     return done(Status.OK if finished else Status.TRUNCATED, reward)
+
+
+def _bad_task(
+    done: Callable[..., Trajectory], task: Task, where: str, e: EnvInputError
+) -> Trajectory:
+    """A task the environment refuses as malformed: logged as ENV_ERROR (no retry, the
+    curator drops its group) with the task and the reason, so one bad task file entry costs
+    its own episodes, not the rollouter that met it."""
+    why = f"{where}: task {task.task_id}: {error_message(e)}"
+    log.error("%s", why)
+    return done(Status.ENV_ERROR, error=why)
 
 
 async def _act(session: Session, action: Action, screen: bytes) -> tuple[bytes, str | None, bool]:

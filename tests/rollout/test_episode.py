@@ -211,3 +211,35 @@ def test_error_message_drops_colours_banners_and_stack_traces() -> None:
     assert error_message(banner) == "dart_ray.envs.base.EnvAborted: env-0: step timed out after 30s"
     assert error_message(RuntimeError("x" * 600)) == "x" * 497 + "..."
     assert error_message(RuntimeError("")) == "RuntimeError"
+
+
+class BadTask:
+    """A session whose env refuses the task itself (a malformed task file entry) in `where`."""
+
+    def __init__(self, where: str) -> None:
+        self.env = LocalSession(Config(env=EnvConfig()))
+        self.where = where
+
+    async def reset(self, task: Task) -> Observation:
+        if self.where == "reset":
+            raise EnvInputError("seed must be an integer, got 'x'")
+        return await self.env.reset(task)
+
+    async def step(self, action: object) -> StepResult:
+        return await self.env.step(action)  # type: ignore[arg-type]
+
+    async def evaluate(self) -> float:
+        raise EnvInputError("the evaluator names no metric")
+
+
+@pytest.mark.parametrize("where", ["reset", "evaluate"])
+def test_a_malformed_task_is_an_env_error_naming_it_not_a_dead_rollouter(where: str) -> None:
+    """EnvInputError from reset or evaluate went out of run_episode into the rollouter's
+    loop, which re-raises what its episodes raise: one bad task ended every rollout."""
+    t = _run(BadTask(where), Scripted("finished(content='')"), max_steps=2)
+    assert t.status is Status.ENV_ERROR
+    assert t.num_steps == (0 if where == "reset" else 1)
+    reason = (
+        "seed must be an integer, got 'x'" if where == "reset" else "the evaluator names no metric"
+    )
+    assert t.error == f"{where}: task {t.task.task_id}: {reason}"
