@@ -8,7 +8,8 @@ must be removed (the YAML's idle_timeout_minutes: 0.1).
 
 It prints (and writes to $DART_RAY_AUTOSCALING_SUMMARY, if set) what docs/OPERATIONS.md
 records: seconds from the train command to its first trajectory with no env node up, from the
-run asking for nodes to the first env node alive, and from the run's end to the node gone."""
+run asking for nodes to the first env node alive, and from the run's sessions gone (the node
+idle) to the node gone."""
 
 from __future__ import annotations
 
@@ -120,6 +121,14 @@ def _alive_nodes(c: LocalCluster) -> list[Any]:
     )
 
 
+def _sessions_on(c: LocalCluster) -> dict[str, str]:
+    """The run's live sessions -> the node each runs on."""
+    actors = list_actors(
+        address=c.dashboard, filters=[("state", "=", "ALIVE")], raise_on_missing_output=False
+    )
+    return {a.name: a.node_id for a in actors if a.name and a.name.startswith(f"env-{RUN}-")}
+
+
 def _wait(what: str, pred: Callable[[], Any], timeout_s: float, tmp: Path, every: float) -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -159,18 +168,18 @@ def test_env_nodes_come_when_the_run_asks_and_go_when_it_ends(
 
         _wait("env node and first trajectory", watch, 300, tmp_path, every=0.5)
         # the sessions run on the node the autoscaler added, nowhere else
-        placed = {
-            a.name: a.node_id
-            for a in list_actors(
-                address=cluster.dashboard,
-                filters=[("state", "=", "ALIVE")],
-                raise_on_missing_output=False,
-            )
-            if a.name and a.name.startswith(f"env-{RUN}-")
-        }
+        placed = _sessions_on(cluster)
         assert len(placed) == SESSIONS and head.node_id not in placed.values(), placed
-        rc = proc.wait(timeout=300)
+        # until the run exits: when its sessions went (its stop kills them, then it reports),
+        # from when the env node is idle
+        deadline, t_gone = time.monotonic() + 300, None
+        while proc.poll() is None and time.monotonic() < deadline:
+            if t_gone is None and not _sessions_on(cluster):
+                t_gone = time.monotonic()
+            time.sleep(1.0)
+        rc = proc.wait(timeout=10)
         t_end = time.monotonic()
+        t_gone = t_gone or t_end
         assert rc == 0, _log(tmp_path)
         assert _sql(tmp_path, "SELECT status FROM run WHERE run_id = :r") == "FINISHED"
         peak = len(_alive_nodes(cluster))
@@ -193,6 +202,7 @@ def test_env_nodes_come_when_the_run_asks_and_go_when_it_ends(
             "train_to_first_trajectory_s": round(marks["first"] - t_start, 1),
             "run_s": round(t_end - t_start, 1),
             "nodes_at_end": peak,
+            "sessions_gone_to_scale_down_s": round(t_down - t_gone, 1),
             "run_end_to_scale_down_s": round(t_down - t_end, 1),
             "trajectories": _sql(tmp_path, "SELECT COUNT(*) FROM rollout_run WHERE run_id = :r"),
             "audit": audit.stdout.strip().splitlines()[:3],
