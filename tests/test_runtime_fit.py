@@ -60,22 +60,64 @@ def test_a_cluster_without_the_env_resource_is_named_at_once_and_fails_after_the
     `env` resource waited forever while the autoscaler repeated that nothing fits."""
     cfg = _config("cluster.address=auto", "cluster.resource_wait_s=6")
     slept: list[float] = []
+    asked: list[list[dict[str, float]]] = []
     with (
         caplog.at_level(logging.WARNING, logger="dart_ray.run.runtime"),
         pytest.raises(ConfigError, match=r"resource 'env'.*--resources=.*env.resource=\"\"") as e,
     ):
-        capacity.wait_for_env_resource(cfg, lambda: {"CPU": 8.0}, slept.append, lambda: True)
+        capacity.wait_for_env_resource(
+            cfg, lambda: {"CPU": 8.0}, slept.append, lambda: True, asked.append
+        )
     assert "waited 6 s" in str(e.value) and sum(slept) == 6.0
     assert "resource 'env'" in caplog.text  # said before the wait, not after it
+    # asked for the 32 sessions' units before waiting; withdrawn when the wait failed
+    assert asked == [[{"CPU": 0.1, "env": 1}] * 32, []]
     # the autoscaler adds nodes offering the 32 units during the wait: the run goes on
     offers = iter([{"CPU": 8.0}, {"CPU": 8.0}, {"CPU": 40.0, "env": 32.0}])
-    capacity.wait_for_env_resource(cfg, lambda: next(offers), lambda _: None, lambda: True)
+    asked.clear()
+    capacity.wait_for_env_resource(
+        cfg, lambda: next(offers), lambda _: None, lambda: True, asked.append
+    )
+    assert asked == [[{"CPU": 0.1, "env": 1}] * 32]  # standing: the run withdraws it at stop
     # sessions that ask for no resource, or a cluster that has it: nothing to wait for
     assert capacity.missing_env_resource(_config('env.resource=""'), {}) is None
     assert capacity.missing_env_resource(cfg, {"env": 1.0}) is None
     # a local Ray that lacks it (never: start_ray adds it) fails at once, without waiting
     with pytest.raises(ConfigError, match="resource 'env'"):
         capacity.wait_for_env_resource(_config(), dict, lambda _: pytest.fail("waited"))
+
+
+def test_the_run_asks_the_autoscaler_for_its_env_nodes_and_withdraws_only_its_own() -> None:
+    """An autoscaler adds nodes for work waiting in Ray; a run that waits before starting its
+    sessions has none waiting, so it asks (request_resources): with cluster/fake-multinode.yaml
+    and no env node up, no node came without it and the run failed after the wait."""
+    # one bundle per session actor, shaped as the actor asks Ray
+    hosted = _config("env.num_sessions=10", "env.sessions_per_actor=4", "env.num_cpus=0.5")
+    assert capacity.env_bundles(hosted) == [{"CPU": 0.5, "env": 1}] * 3
+    sent: list[list[dict[str, float]]] = []
+    request = capacity.EnvRequest(sent.append)
+    request.withdraw()  # nothing asked: nothing sent (another caller's request stays)
+    assert sent == [] and not request.standing
+    request([{"env": 1}])
+    assert request.standing
+    request.withdraw()
+    request.withdraw()  # once
+    assert sent == [[{"env": 1}], []] and not request.standing
+
+    def broken(_: list[dict[str, float]]) -> None:
+        raise RuntimeError("GCS gone")
+
+    failing = capacity.EnvRequest(broken)
+    failing.standing = True
+    failing.withdraw()  # said, not raised: a stopping run does not fail on it
+    # no request where nothing is short, or nothing would add nodes
+    cfg = _config("cluster.address=auto", "env.num_sessions=8")
+    capacity.wait_for_env_resource(cfg, lambda: {"env": 8.0}, pytest.fail, pytest.fail, sent.append)
+    with pytest.raises(ConfigError, match="no autoscaler"):
+        capacity.wait_for_env_resource(
+            cfg, lambda: {"env": 0.0}, pytest.fail, lambda: False, sent.append
+        )
+    assert len(sent) == 2
 
 
 def test_a_failed_pre_flight_leaves_no_run_folder(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]

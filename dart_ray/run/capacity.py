@@ -7,7 +7,10 @@ that was seen with `cluster/node-resources.sh` on a 2-core node (one unit) and 8
 So before anything starts, the run compares the units offered with the units needed and
 
 - runs with what is offered, said in one line, when `env.fit_to_cluster` allows it;
-- waits `cluster.resource_wait_s` for nodes when an autoscaler can add them;
+- waits `cluster.resource_wait_s` for nodes when an autoscaler can add them, having asked it
+  for them (`EnvRequest`): an autoscaler adds nodes for work that waits in Ray, and a run that
+  only polls the cluster's resources before starting its sessions leaves none waiting (seen
+  with cluster/fake-multinode.yaml: no env node came, the run failed after the wait);
 - fails at once with the numbers and the fix otherwise (a local Ray, or a cluster of nodes
   started by hand, which nothing will grow).
 
@@ -29,6 +32,7 @@ import ray
 
 from actors.curator import NUM_CPUS as CURATOR_CPUS
 from actors.env_host import host_count
+from actors.env_session import session_options
 from actors.rollouter import NUM_CPUS as ROLLOUTER_CPUS
 from dart_ray.config import Config, ConfigError
 
@@ -175,6 +179,50 @@ def missing_env_resource(config: Config, resources: dict[str, float]) -> str | N
     )
 
 
+def env_bundles(config: Config) -> list[dict[str, float]]:
+    """What the run's session actors will ask Ray for, one bundle each (session_options):
+    the shapes the autoscaler is asked to fit while the run waits for them."""
+    opts = session_options(config.env)
+    return [{"CPU": float(opts["num_cpus"]), **opts.get("resources", {})}] * units_needed(config)
+
+
+def _request_resources(bundles: list[dict[str, float]]) -> None:
+    from ray.autoscaler.sdk import request_resources
+
+    request_resources(bundles=bundles)
+
+
+class EnvRequest:
+    """The run's standing request to the autoscaler for its sessions' nodes
+    (`ray.autoscaler.sdk.request_resources`, v1 and v2): made while the run waits for them;
+    held while the sessions run, where it asks for no more than they hold (the autoscaler
+    counts what is in use), so it adds nothing then, and a lost node is asked for again at
+    once; withdrawn when the run stops or fails, so that idle env nodes can go. It is the
+    cluster's one request: a second run that waits on the same cluster replaces it."""
+
+    def __init__(self, send: Callable[[list[dict[str, float]]], None] = _request_resources):
+        self.send = send
+        self.standing = False
+
+    def __call__(self, bundles: list[dict[str, float]]) -> None:
+        self.send(bundles)
+        self.standing = bool(bundles)
+
+    def withdraw(self) -> None:
+        """Withdraw the request if this run made one (a request of nothing)."""
+        if not self.standing:
+            return
+        try:
+            self.send([])
+            self.standing = False
+        except Exception as e:  # a run that stops must not fail on this
+            log.warning(
+                "could not withdraw the request for env nodes (%s): the autoscaler keeps "
+                "them until `ray.autoscaler.sdk.request_resources(bundles=[])`",
+                e,
+            )
+
+
 NO_AUTOSCALER = (
     "this cluster has no autoscaler (its nodes were started with `ray start`), so nothing "
     "will add nodes: failing now rather than waiting"
@@ -186,12 +234,14 @@ def wait_for_env_resource(
     resources: Callable[[], dict[str, float]] | None = None,
     sleep: Callable[[float], None] = time.sleep,
     autoscaler: Callable[[], bool] = has_autoscaler,
+    request: Callable[[list[dict[str, float]]], None] | None = None,
 ) -> Config:
     """The config to run with, once the cluster offers the `env.resource` units its sessions
     need (capacity.py says why): at once if it does; with fewer sessions if it offers some
     and `env.fit_to_cluster` allows it; after the autoscaler added nodes, within
-    `cluster.resource_wait_s`. A local Ray, or a cluster without an autoscaler, fails at once
-    with the numbers and the fix."""
+    `cluster.resource_wait_s`, having asked the autoscaler for them through `request` (an
+    `EnvRequest`, which the caller withdraws; here only when the wait fails). A local Ray, or
+    a cluster without an autoscaler, fails at once with the numbers and the fix."""
     res = config.env.resource
     if not res:
         return config
@@ -209,10 +259,13 @@ def wait_for_env_resource(
     if not autoscaler():
         raise ConfigError(f"{hint}; {NO_AUTOSCALER} {wait:.0f} s (cluster.resource_wait_s)")
     log.warning("%s; waiting up to %.0f s for the autoscaler to add nodes", hint, wait)
+    request = request or EnvRequest()
+    request(env_bundles(config))
     waited = 0.0
     while waited < wait:
         sleep(2.0)
         waited += 2.0
         if resources().get(res, 0.0) >= units_needed(config):
             return config
+    request([])
     raise ConfigError(f"{hint} (waited {wait:.0f} s)")

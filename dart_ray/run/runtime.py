@@ -42,7 +42,12 @@ from dart_ray.envs.suites import load_suite
 from dart_ray.evaluation.suite import EvalResult, evaluate
 from dart_ray.records import PackedTasks, Task
 from dart_ray.rollout.episode import EpisodeSettings, ServePolicy
-from dart_ray.run.capacity import check_fits, has_autoscaler, wait_for_env_resource
+from dart_ray.run.capacity import (
+    EnvRequest,
+    check_fits,
+    has_autoscaler,
+    wait_for_env_resource,
+)
 from dart_ray.store import Store, open_store
 from dart_ray.store.episodes import log_unfinished
 from dart_ray.store.runs import finish_run, register_run
@@ -178,6 +183,8 @@ class Parts:
     """The full URL of the policy's OpenAI route (printed when the run starts)."""
     grower: Any = None
     """The EnvPoolGrower when `env.max_sessions` is set (the pool grows with the resource)."""
+    env_request: EnvRequest | None = None
+    """The run's request to the autoscaler for env nodes, if it made one (withdrawn at stop)."""
     stopped: bool = False
     base_dir: Path | None = None
     """The run's initial weights (the KL reference), when a resume starts from a checkpoint."""
@@ -299,14 +306,36 @@ def _bring_up(config: Config, run_id: str, run_dir: Path, store: Store, created:
     # Ray after every relative path is resolved: a job's driver (`ray job submit
     # --working-dir`) can lose its working directory once it connects
     start_ray(config)
+    # asked for the env nodes the run waits for; withdrawn when it stops (or fails here)
+    env_request = EnvRequest()
     try:
         autoscaler = functools.cache(has_autoscaler)  # asked at most once, only when short
-        config = wait_for_env_resource(config, autoscaler=autoscaler)
+        config = wait_for_env_resource(config, autoscaler=autoscaler, request=env_request)
         check_fits(config, autoscaler)
     except ConfigError:
+        env_request.withdraw()
         if created:  # the log keeps the FAILED run; no empty folder is left to explain
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
+    try:
+        return _start_parts(
+            config, run_id, run_dir, store, model_dir, base_dir, start_state, env_request
+        )
+    except BaseException:
+        env_request.withdraw()
+        raise
+
+
+def _start_parts(
+    config: Config,
+    run_id: str,
+    run_dir: Path,
+    store: Store,
+    model_dir: Path,
+    base_dir: Path,
+    start_state: TrainerState,
+    env_request: EnvRequest,
+) -> Parts:
     ns = config.cluster.namespace
     app = f"policy-{run_id}"
     # the OpenAI route: /v1/chat/completions when this is Serve's only application
@@ -341,6 +370,7 @@ def _bring_up(config: Config, run_id: str, run_dir: Path, store: Store, created:
         start_state,
         app,
         policy_url=policy_url,
+        env_request=env_request,
         base_dir=base_dir,
     )
     here = on_driver_node()
@@ -427,4 +457,6 @@ def stop(parts: Parts) -> None:
     for a in [*parts.rollouters, parts.curator, parts.control, *actors_of(parts.sessions), *grown]:
         ray.kill(a)
     serve.delete(parts.app)
+    if parts.env_request is not None:  # the env nodes may go once idle
+        parts.env_request.withdraw()
     parts.store.dispose()

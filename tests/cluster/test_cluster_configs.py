@@ -55,6 +55,35 @@ def test_cluster_yamls_pass_rays_validation(name: str) -> None:
     assert prepared["head_node_type"] in prepared["available_node_types"]
 
 
+def test_fake_multinode_yaml_is_aws_shrunk_to_one_machine() -> None:
+    """cluster/fake-multinode.yaml (tests/cluster/test_autoscaling.py runs it): valid for
+    Ray (validated as given: Ray's wheel lacks the fake provider's defaults file that
+    `prepare_config` merges in, and the monitor does not merge them), the head type named
+    as the fake provider tags its head, and aws.yaml's env type, starting from none."""
+    from ray.autoscaler._private.fake_multi_node.node_provider import FAKE_HEAD_NODE_TYPE
+
+    cfg = _yaml("fake-multinode.yaml")
+    validate_config(cfg)
+    provider = cfg["provider"]
+    assert provider["type"] == "fake_multinode"
+    # nodes told apart by id (all share one address), none updated over SSH: as Ray's own
+    # fake_multi_node/example.yaml, which the wheel does not ship
+    assert provider["use_node_id_as_ip"] and provider["disable_node_updaters"]
+    assert cfg["head_node_type"] == FAKE_HEAD_NODE_TYPE
+    types, aws = _types(cfg), _types(_yaml("aws.yaml"))
+    assert set(types) - {FAKE_HEAD_NODE_TYPE} <= set(aws)  # the same names where they exist
+    tiny = load_config(REPO / "configs" / "tiny-cpu.toml")
+    opts = session_options(tiny.env)
+    [env_name] = opts["resources"]
+    assert [t for t, r in types.items() if env_name in r] == ["env"]
+    env = cfg["available_node_types"]["env"]
+    assert env["min_workers"] == 0 < env["max_workers"] <= cfg["max_workers"]  # 0 up at first
+    assert types["env"]["CPU"] >= types["env"][env_name] * opts["num_cpus"]
+    assert 0 < cfg["idle_timeout_minutes"] <= 0.5  # the test waits for the scale-down
+    # every key the autoscaler reads (a KeyError in the monitor otherwise)
+    assert {"docker", "file_mounts", "setup_commands", "worker_start_ray_commands"} <= set(cfg)
+
+
 def _types(cfg: dict[str, Any]) -> dict[str, dict[str, float]]:
     return {k: v.get("resources", {}) for k, v in cfg["available_node_types"].items()}
 
