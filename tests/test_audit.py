@@ -176,7 +176,7 @@ def test_a_crash_between_checkpoint_and_acks_trains_nothing_twice(
     Their lease lapses and they go back to the pool. The resume settles them from v1's
     lineage, so the next trainer cannot claim them again; without it they are trained into
     v2 as well, and the audit names them."""
-    from dart_ray.train.worker import settle_lineage
+    from dart_ray.train.resume import settle_lineage
 
     store = _Store(engine, tmp_path)
     for tid in ("t1", "t2"):

@@ -24,7 +24,7 @@ from dart_ray.reporting.report import RunReport, build_report
 from dart_ray.run import runtime
 from dart_ray.store.episodes import log_unfinished
 from dart_ray.store.runs import finish_run
-from dart_ray.train.worker import resume_from_durable
+from dart_ray.train.resume import resume_from_durable
 
 log = logging.getLogger(__name__)
 

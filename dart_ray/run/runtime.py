@@ -52,7 +52,8 @@ from dart_ray.store import Store, open_store
 from dart_ray.store.episodes import log_unfinished
 from dart_ray.store.runs import finish_run, register_run
 from dart_ray.train.checkpointing import TrainerState
-from dart_ray.train.worker import TrainJob, resume_from_durable, train_loop_per_worker
+from dart_ray.train.resume import resume_from_durable
+from dart_ray.train.worker import TrainJob, train_loop_per_worker
 
 # imported before Ray connects: a job's driver (`ray job submit --working-dir`) can lose its
 # working directory's files once it connects (Ray unpacks the package again), so a module

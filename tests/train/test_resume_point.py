@@ -15,7 +15,8 @@ from dart_ray.store.checkpoints import CheckpointRegistry, Lineage
 from dart_ray.store.db import RowState
 from dart_ray.store.log import DurableLog
 from dart_ray.train.checkpointing import TrainerState
-from dart_ray.train.worker import resume_from_durable, resume_point, should_train
+from dart_ray.train.resume import resume_from_durable, resume_point
+from dart_ray.train.worker import should_train
 from tests.factories import make_trajectory
 
 

@@ -20,7 +20,8 @@ from dart_ray.store import open_store
 from dart_ray.store.audit import audit
 from dart_ray.store.db import RowState
 from dart_ray.train.checkpointing import TrainerState, read_trainer_state
-from dart_ray.train.worker import TrainJob, resume_from_durable, resume_point, train_loop_per_worker
+from dart_ray.train.resume import resume_from_durable, resume_point
+from dart_ray.train.worker import TrainJob, train_loop_per_worker
 from serve_apps.policy import run_policy
 from tests.policy_helpers import png, request
 from tests.train.rollouts import log_group, policy_trajectories
