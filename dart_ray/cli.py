@@ -344,9 +344,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line, with `key=value` overrides anywhere after the command: argparse
+    gives a trailing positional list only the words before the first option, so
+    `dart-ray report RUN --eval a.json run.root_dir=x` would refuse its override."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    stray = [a for a in extra if a.startswith("-") or "=" not in a]
+    if stray or (extra and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     install_log_masking()  # URL passwords and secrets this process reads never reach a log
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     if not args.verbose:
         quiet_third_party()
     out = Console()

@@ -348,3 +348,18 @@ def test_progress_lines_reach_a_log_file_while_the_run_runs(tmp_path: Path) -> N
             progress.show({"train steps": 3})  # trajectories keep their last count
             last = log_file.read_text().splitlines()[-1]
             assert "trajectories 9" in last and "train steps 3" in last
+
+
+def test_overrides_may_follow_options() -> None:
+    """`dart-ray report RUN --eval a.json key=value` refused its override ("unrecognized
+    arguments"): argparse gives the trailing override list only the words before an option."""
+    from dart_ray.cli import parse_args
+
+    args = parse_args(["report", "r1", "--eval", "a.json", "run.root_dir=x", "--eval", "b.json"])
+    assert (args.run, args.eval, args.overrides) == ("r1", ["a.json", "b.json"], ["run.root_dir=x"])
+    args = parse_args(["train", "--config", "c.toml", "run.seed=3"])
+    assert args.overrides == ["run.seed=3"]
+    with pytest.raises(SystemExit):
+        parse_args(["report", "r1", "--eval", "a.json", "--bogus"])
+    with pytest.raises(SystemExit):
+        parse_args(["report", "r1", "--eval", "a.json", "stray"])
