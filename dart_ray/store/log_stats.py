@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
+from dart_ray.algo.curriculum import Outcome
 from dart_ray.records import Status, Trajectory
 from dart_ray.store.db import RetryPolicy, RowState, episode_start, rollout_run, task_stats
 
@@ -166,6 +167,22 @@ class LogStats:
             .limit(window)
         )
         return [r[0] for r in self._fetch(q, "recent_outcomes")]
+
+    def recent_group_rows(self, run_id: str, task_id: str, limit: int) -> list[Outcome]:
+        """The newest `limit` rows of a task, every status (newest first), with their group:
+        what back-off reads a task's streak of groups without signal from
+        (`dart_ray.algo.curriculum.group_kinds`). Served by `ix_rollout_run_task`."""
+        rr = rollout_run.c
+        q = (
+            sa.select(rr.group_id, rr.group_size, rr.reward, rr.status)
+            .where(rr.run_id == run_id, rr.task_id == task_id)
+            .order_by(rr.id.desc())
+            .limit(limit)
+        )
+        return [
+            Outcome(str(g), int(n), float(r), Status(s))
+            for g, n, r, s in self._fetch(q, "recent_group_rows")
+        ]
 
     def buffer(self, run_id: str) -> dict[tuple[int, int], int]:
         """Row counts by (version_num, state) for one run."""
