@@ -226,6 +226,26 @@ class LogStats:
         )
         return [(a, b) for a, b in self._fetch(q, "episode_intervals")]
 
+    def task_usage(self, run_id: str) -> dict[str, tuple[int, int, int]]:
+        """Per task of one run: (rows logged, rows trained, rows dropped as `no_signal`). Rows
+        logged are every trajectory, retried ABORTED attempts and ENV_ERRORs included: what
+        the environments spent. Rows trained are the CONSUMED ones (acknowledged after the
+        optimizer step that used them)."""
+        rr = rollout_run.c
+        trained = sa.case((rr.state == RowState.CONSUMED, 1), else_=0)
+        no_signal = sa.case(
+            (sa.and_(rr.state == RowState.DROPPED, rr.drop_reason == "no_signal"), 1), else_=0
+        )
+        q = (
+            sa.select(rr.task_id, sa.func.count(), sa.func.sum(trained), sa.func.sum(no_signal))
+            .where(rr.run_id == run_id)
+            .group_by(rr.task_id)
+        )
+        return {
+            str(t): (int(n), int(k or 0), int(d or 0))
+            for t, n, k, d in self._fetch(q, "task_usage")
+        }
+
     def drops(self, run_id: str) -> dict[str, int]:
         """DROPPED rows of one run by reason (stale, no_signal, group_incomplete, ...)."""
         rr = rollout_run.c
