@@ -117,6 +117,7 @@ def cmd_report(args: argparse.Namespace, out: Console) -> int:
     """Redraw a run's figure and print its learning table from the log (and report.json)."""
     import dataclasses
 
+    from dart_ray.reporting.families import family_table, family_usage
     from dart_ray.reporting.figures import (
         band_width,
         draw_curve,
@@ -139,6 +140,7 @@ def cmd_report(args: argparse.Namespace, out: Console) -> int:
             return 2
         sampled = store.log.success_by_version(args.run)
         episodes = store.log.episode_intervals(args.run)
+        usage = store.log.task_usage(args.run)
         own = {Path(c.path).resolve() for c in store.checkpoints.list(args.run) if c.path}
     finally:
         store.dispose()
@@ -172,6 +174,12 @@ def cmd_report(args: argparse.Namespace, out: Console) -> int:
         lo = round(p.version - (w - 1) / 2)
         t.add_row(f"v{lo}-{lo + w - 1}", str(p.n), f"{p.rate:.1%}")
     out.print(t)
+    # from the log, whatever report.json says: a run still going is counted to now
+    out.print(
+        family_table(
+            family_usage(usage), title=f"run {args.run}: rollouts per trained row, by family"
+        )
+    )
     out.print(f"held-out success before -> after: {heldout_line(report)}")
     for p in heldout_points(report, evals):
         lo, hi = wilson(p.successes, p.n)

@@ -78,6 +78,9 @@ def test_db_init_and_status(
             ["v1-1", "4", "0.0%"],
             ["v2-2", "4", "0.0%"],
         ]
+        # per family (task-0 and task-1 are family "task"): 13 rollouts, 3 trained -> 4.33
+        assert ["task", "2", "13", "3", "0", "4.33"] in [r[1:7] for r in rows]
+        assert ["all", "2", "13", "3", "0", "4.33"] in [r[1:7] for r in rows]
         assert (tmp_path / "run-a" / "curve.png").stat().st_size > 0
         assert (tmp_path / "run-a" / "system.png").stat().st_size > 0
         assert main(["report", "nope", *overrides]) == 2

@@ -101,3 +101,48 @@ def test_the_system_figure(tmp_path) -> None:  # type: ignore[no-untyped-def]
         assert im.format == "PNG" and im.size[1] >= 600
     empty = draw_system_figure(RunReport.empty("run-y"), [], tmp_path / "empty.png")
     assert empty.stat().st_size > 0  # a run with nothing yet still gets its (empty) figure
+
+
+def test_task_family_from_the_id() -> None:
+    from dart_ray.reporting.families import task_family
+
+    # MiniDesk: minidesk/<family>/t<tier>/<seed> -> the last part without a digit
+    assert task_family("minidesk/type-field/t2/17") == "type-field"
+    assert task_family("minidesk/click-button/t1/0") == "click-button"
+    # a flat id: the part before the first '-' a digit follows
+    assert task_family("type-field-12") == "type-field"
+    assert task_family("task-0") == "task"
+    # neither: the whole id
+    assert task_family("click") == "click"
+    assert task_family("7-up") == "7-up"  # no digit after its dash
+    assert task_family("-3") == "-3"
+    assert task_family("suite/12/34") == "suite"
+    assert task_family("1/2") == "1/2"
+
+
+def test_family_usage_sums_tasks_and_divides() -> None:
+    from dart_ray.reporting.families import FamilyUsage, family_table, family_usage
+
+    per_task = {
+        "minidesk/type-field/t1/0": (16, 0, 16),  # never solved: every rollout dropped
+        "minidesk/type-field/t1/1": (8, 0, 8),
+        "minidesk/click-button/t1/0": (8, 6, 0),
+        "osworld-uuid": (2, 1, 1),
+    }
+    rows = family_usage(per_task, {"osworld-uuid": "chrome"})
+    assert rows == [
+        FamilyUsage("type-field", 2, 24, 0, 24),
+        FamilyUsage("click-button", 1, 8, 6, 0),
+        FamilyUsage("chrome", 1, 2, 1, 1),
+    ]
+    # 8 rollouts for 6 trained rows: 1.33 each; nothing trained: no ratio
+    assert rows[1].per_trained == pytest.approx(8 / 6)
+    assert rows[0].per_trained is None
+    assert FamilyUsage(**rows[2].to_json()) == rows[2]  # round-trips through report.json
+    from rich.console import Console
+
+    console = Console(width=120, record=True)
+    console.print(family_table(rows))
+    text = console.export_text()
+    # all: 34 rollouts for 7 trained rows -> 4.86
+    assert "type-field" in text and "4.86" in text and "1.33" in text

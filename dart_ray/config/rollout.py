@@ -36,6 +36,21 @@ class RolloutConfig(Section):
     admission_slack: float = Field(default=0.5, ge=0)
     """Versions of margin admission keeps below `curation.max_staleness` for a group's place
     in the queue (which groups will carry signal, and how full steps leave, are estimates)."""
+    backoff: bool = True
+    """Back off tasks without signal: a task whose last `backoff_after` groups all had equal
+    rewards (all fail with no fresh success to replay, or all succeed with `backoff_solved`)
+    is skipped for 1, 2, 4, ... of its visits (at most `backoff_max_skips`), then retried
+    with an ordinary group; a group with signal ends it. Never skips every task: when all
+    are backed off the one whose back-off ends soonest runs (`dart_ray/algo/curriculum.py`)."""
+    backoff_after: int = Field(default=3, ge=1)
+    """Groups without signal in a row before a task is first skipped."""
+    backoff_max_skips: int = Field(default=8, ge=1)
+    """Most visits of a task skipped in a row: a backed-off task is still retried at least
+    once in every `backoff_max_skips + 1` of its visits."""
+    backoff_solved: bool = False
+    """Back off all-success tasks too. Off by default: the dynamic rollout budget already
+    cuts a solved task to its minimum group, and those rollouts are what notices a
+    regression."""
 
 
 class CurationConfig(Section):

@@ -23,6 +23,7 @@ from rich.table import Table
 
 from dart_ray.data.batches import TOKEN_LAG
 from dart_ray.evaluation.suite import EvalResult
+from dart_ray.reporting.families import FamilyUsage, family_table, family_usage
 from dart_ray.reporting.figures import draw_curve, draw_system_figure, heldout_points
 from dart_ray.reporting.plots import delta_interval
 from dart_ray.reporting.summary import RunReport
@@ -137,6 +138,14 @@ def build_report(
         token_staleness=token_staleness(history),
         rollouts_started=sum(s.started for s in stats),
         admission_held_s=sum(s.held_s for s in stats),
+        backoff_skips=sum(getattr(s, "backoff_skips", 0) for s in stats),
+        families=[
+            f.to_json()
+            for f in family_usage(
+                parts.store.log.task_usage(parts.run_id),
+                {t.task_id: str(t.config["family"]) for t in parts.tasks if t.config.get("family")},
+            )
+        ],
         **rollout_stats(parts),
     )
     write(report, history, parts.run_dir, parts.store.log.episode_intervals(parts.run_id))
@@ -240,6 +249,8 @@ def render(report: RunReport, console: Console) -> None:
         + (f" (admission held {report.admission_held_s:.0f} s)" if report.admission_held_s else ""),
     )
     t.add_row("groups completed", str(report.groups_completed))
+    if report.backoff_skips:
+        t.add_row("task visits skipped by back-off", str(report.backoff_skips))
     t.add_row("train steps / versions", f"{report.train_steps} / {report.versions}")
     t.add_row("samples trained (rows)", f"{report.samples_trained} ({report.rows_trained})")
     t.add_row(
@@ -281,6 +292,8 @@ def render(report: RunReport, console: Console) -> None:
     )
     t.add_row("wall time", f"{report.wall_s:.0f} s")
     console.print(t)
+    if report.families:
+        console.print(family_table([FamilyUsage(**f) for f in report.families]))
     # not in the table: a cell wraps or cuts a long path to the console's width
     console.print(
         f"outputs in {report.run_dir}: report.json, curve.png, system.png, tb/", soft_wrap=True

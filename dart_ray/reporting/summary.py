@@ -72,6 +72,11 @@ class RunReport:
     update_blocked_s: float | None = None
     """Mean seconds, per update and replica, new generations were held off (the wait above
     plus the load)."""
+    families: list[dict[str, Any]] = field(default_factory=list)
+    """Per task family, from the log: tasks, rollouts (trajectories logged), trained (rows
+    CONSUMED), no_signal (rows dropped for equal rewards) (`dart_ray.reporting.families`)."""
+    backoff_skips: int = 0
+    """Task visits the schedulers skipped because the task's recent groups had no signal."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
+from dart_ray.algo.curriculum import Outcome
 from dart_ray.records import Status, Trajectory
 from dart_ray.store.db import RetryPolicy, RowState, episode_start, rollout_run, task_stats
 
@@ -167,6 +168,22 @@ class LogStats:
         )
         return [r[0] for r in self._fetch(q, "recent_outcomes")]
 
+    def recent_group_rows(self, run_id: str, task_id: str, limit: int) -> list[Outcome]:
+        """The newest `limit` rows of a task, every status (newest first), with their group:
+        what back-off reads a task's streak of groups without signal from
+        (`dart_ray.algo.curriculum.group_kinds`). Served by `ix_rollout_run_task`."""
+        rr = rollout_run.c
+        q = (
+            sa.select(rr.group_id, rr.group_size, rr.reward, rr.status)
+            .where(rr.run_id == run_id, rr.task_id == task_id)
+            .order_by(rr.id.desc())
+            .limit(limit)
+        )
+        return [
+            Outcome(str(g), int(n), float(r), Status(s))
+            for g, n, r, s in self._fetch(q, "recent_group_rows")
+        ]
+
     def buffer(self, run_id: str) -> dict[tuple[int, int], int]:
         """Row counts by (version_num, state) for one run."""
         rr = rollout_run.c
@@ -208,6 +225,26 @@ class LogStats:
             .order_by(es.started_at)
         )
         return [(a, b) for a, b in self._fetch(q, "episode_intervals")]
+
+    def task_usage(self, run_id: str) -> dict[str, tuple[int, int, int]]:
+        """Per task of one run: (rows logged, rows trained, rows dropped as `no_signal`). Rows
+        logged are every trajectory, retried ABORTED attempts and ENV_ERRORs included: what
+        the environments spent. Rows trained are the CONSUMED ones (acknowledged after the
+        optimizer step that used them)."""
+        rr = rollout_run.c
+        trained = sa.case((rr.state == RowState.CONSUMED, 1), else_=0)
+        no_signal = sa.case(
+            (sa.and_(rr.state == RowState.DROPPED, rr.drop_reason == "no_signal"), 1), else_=0
+        )
+        q = (
+            sa.select(rr.task_id, sa.func.count(), sa.func.sum(trained), sa.func.sum(no_signal))
+            .where(rr.run_id == run_id)
+            .group_by(rr.task_id)
+        )
+        return {
+            str(t): (int(n), int(k or 0), int(d or 0))
+            for t, n, k, d in self._fetch(q, "task_usage")
+        }
 
     def drops(self, run_id: str) -> dict[str, int]:
         """DROPPED rows of one run by reason (stale, no_signal, group_incomplete, ...)."""

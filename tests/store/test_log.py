@@ -436,3 +436,62 @@ def test_episode_intervals_pair_each_start_with_its_logged_row(
     # episode up to a second longer on the timeline
     assert len(got) == 2 and all(0 < (b - a).total_seconds() < 0.5 for a, b in got), got
     assert log.episode_intervals("run-b") == []
+
+
+def test_task_usage_counts_rollouts_trained_and_no_signal(log: DurableLog) -> None:
+    # type-field: a group of 3 all fail (dropped no_signal) and an ABORTED retry;
+    # click-button: a group of 2 with signal (trained) and one row still available
+    log.append_many(
+        [
+            (make_trajectory(f"f{i}", task_id="minidesk/type-field/t1/0"), f"/b/f{i}")
+            for i in range(3)
+        ]
+        + [
+            (
+                make_trajectory("fa", task_id="minidesk/type-field/t1/0", status=Status.ABORTED),
+                "/b/fa",
+            ),
+            (make_trajectory("c0", task_id="minidesk/click-button/t1/4", reward=1.0), "/b/c0"),
+            (make_trajectory("c1", task_id="minidesk/click-button/t1/4"), "/b/c1"),
+            (make_trajectory("c2", task_id="minidesk/click-button/t2/5"), "/b/c2"),
+        ]
+    )
+    claim = log.claim("run-a", 10, consumer="test", lease_s=60)
+    ids = {r.trajectory_id: r.id for r in claim.rows}
+    log.drop(claim, [ids["f0"], ids["f1"], ids["f2"]], "no_signal")
+    log.drop(claim, [ids["fa"]], "aborted")
+    log.ack(claim, [ids["c0"], ids["c1"]])
+    log.release(claim, [ids["c2"]])
+    assert log.task_usage("run-a") == {
+        "minidesk/type-field/t1/0": (4, 0, 3),
+        "minidesk/click-button/t1/4": (2, 2, 0),
+        "minidesk/click-button/t2/5": (1, 0, 0),
+    }
+    assert log.task_usage("run-other") == {}
+
+
+def test_recent_group_rows_give_the_no_signal_streak(log: DurableLog) -> None:
+    from dart_ray.algo.curriculum import group_kinds, no_signal_streak
+
+    def group(gid: str, rewards: list[float], size: int = 2) -> None:
+        log.append_many(
+            [
+                (make_trajectory(f"{gid}-{i}", reward=r, group_id=gid, group_size=size), f"/{i}")
+                for i, r in enumerate(rewards)
+            ]
+        )
+
+    group("g0", [1.0, 0.0])  # signal
+    group("g1", [0.0, 0.0])  # three all-fail groups after it
+    group("g2", [0.0, 0.0])
+    group("g3", [0.0, 0.0])
+    group("g4", [0.0], size=2)  # still filling
+    rows = log.recent_group_rows("run-a", "task-0", 9)  # every row, newest first
+    assert [r.group_id for r in rows] == ["g4", "g3", "g3", "g2", "g2", "g1", "g1", "g0", "g0"]
+    assert (rows[0].group_size, rows[0].reward, rows[0].status) == (2, 0.0, Status.OK)
+    kinds = group_kinds(rows, threshold=1.0)
+    assert kinds == ["open", "failed", "failed", "failed", "signal"]
+    assert no_signal_streak(kinds) == 3
+    # a window that cuts g1 in half: g1 reads as open, so the streak is 2 (never more)
+    cut = log.recent_group_rows("run-a", "task-0", 6)
+    assert no_signal_streak(group_kinds(cut, threshold=1.0)) == 2
