@@ -36,8 +36,9 @@ class RolloutConfig(Section):
     admission_slack: float = Field(default=0.5, ge=0)
     """Versions of margin admission keeps below `curation.max_staleness` for a group's place
     in the queue (which groups will carry signal, and how full steps leave, are estimates)."""
-    backoff: bool = True
-    """Back off tasks without signal: a task whose last `backoff_after` groups all had equal
+    backoff: bool = False
+    """Back off tasks without signal (off until its learning runs are measured: it changes
+    which tasks are rolled out, docs/LEARNING.md): a task whose last `backoff_after` groups all had equal
     rewards (all fail with no fresh success to replay, or all succeed with `backoff_solved`)
     is skipped for 1, 2, 4, ... of its visits (at most `backoff_max_skips`), then retried
     with an ordinary group; a group with signal ends it. Never skips every task: when all
