@@ -19,8 +19,9 @@ misses (Serve started it while the publish was in progress: it read the registry
 publish was recorded and became routable after the broadcast listed the replicas) follows the
 registry itself: it re-reads it before its first request (`_sync`) and long-polls it from
 then on (`_follow`), so it loads a publish as soon as it is recorded; and `update_weights`
-broadcasts again until no replica answers that had not (a replica added meanwhile). Each replica loads the
-packed tensors in place from the object store (zero-copy, see `dart_ray.models.weights`); requests
+broadcasts again until no replica answers that had not (a replica added meanwhile). A replica
+that leaves mid-broadcast (autoscaling down) fails no publish. Each replica loads the packed
+tensors in place from the object store (zero-copy, see `dart_ray.models.weights`); requests
 in flight finish on the version they started with (`VersionGate`), and every `Generation`
 carries the version that produced it. The call returns each replica's version.
 
