@@ -202,7 +202,7 @@ def test_autoscaling_adds_a_replica_on_the_newest_version_and_removes_one_losing
         calls = load.calls
         print(
             f"\nsecond replica serving {t_second:.1f} s after the load began; back to one "
-            f"replica {down_s} s after it stopped; {len(calls)} requests, versions up to "
+            f"replica {down_s if down_s is not None else float('nan'):.1f} s after it stopped; {len(calls)} requests, versions up to "
             f"{confirmed[-1]}"
         )
         assert [c.error for c in calls if c.error] == []  # none lost, none failed
