@@ -14,8 +14,14 @@ replicas run the TimingEngine, which takes as long as a 7B model on GPUs without
 
 Weights: `update_weights(version, [ObjectRef])`, sent to any one replica, records the publish
 in a deployment-scoped `WeightRegistry` (so replicas that start later load it first) and
-fans `load_weights` out to every live replica with `handle.broadcast`. Each replica loads the
-packed tensors in place from the object store (zero-copy, see `dart_ray.models.weights`); requests
+fans `load_weights` out to every live replica with `handle.broadcast`. A replica the broadcast
+misses (Serve started it while the publish was in progress: it read the registry before the
+publish was recorded and became routable after the broadcast listed the replicas) follows the
+registry itself: it re-reads it before its first request (`_sync`) and long-polls it from
+then on (`_follow`), so it loads a publish as soon as it is recorded; and `update_weights`
+broadcasts again until no replica answers that had not (a replica added meanwhile). A replica
+that leaves mid-broadcast (autoscaling down) fails no publish. Each replica loads the packed
+tensors in place from the object store (zero-copy, see `dart_ray.models.weights`); requests
 in flight finish on the version they started with (`VersionGate`), and every `Generation`
 carries the version that produced it. The call returns each replica's version.
 
@@ -29,6 +35,7 @@ the ingress methods, or it takes `request` for a query parameter.)
 """
 
 import asyncio
+import dataclasses
 import hmac
 import logging
 import time
@@ -42,7 +49,7 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from ray import ObjectRef, serve
-from ray.exceptions import ObjectLostError
+from ray.exceptions import ObjectLostError, RayActorError
 from ray.serve.config import AutoscalingConfig, DeploymentActorConfig
 from ray.serve.handle import DeploymentHandle
 from ray.serve.schema import LoggingConfig
@@ -71,6 +78,8 @@ from serve_apps.weight_registry import WeightRegistry
 log = logging.getLogger("ray.serve")
 http = FastAPI(title="dart-ray policy")
 REGISTRY = "weights"
+FOLLOW_POLL_S = 30.0
+"""How long one long poll of the registry waits for a publish before it is renewed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +90,21 @@ class UpdateReport:
     replicas: dict[str, int] = field(default_factory=dict)
     """Replica id -> the version it serves after the update."""
     seconds: float = 0.0
+
+
+def _loaded(results: list[Any]) -> list[tuple[str, int]]:
+    """The (replica, version) answers of a `load_weights` broadcast. A replica that died or
+    was removed while it ran (autoscaling down) needs no weights and is left out; any other
+    failure is raised."""
+    out = []
+    for r in results:
+        if isinstance(r, RayActorError):
+            log.info("a replica left during a weight broadcast: %s", type(r).__name__)
+        elif isinstance(r, BaseException):
+            raise r
+        else:
+            out.append(r)
+    return out
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
@@ -143,20 +167,62 @@ class PolicyServer:
         self.replica = ctx.replica_id.unique_id
         self.app_name = ctx.app_name
         self.deployment = ctx.deployment
+        # one load at a time: the broadcast and `_follow` may bring the same version (or two
+        # versions) at once, and the engine checks the version before it waits for the gate
+        self._load_lock = asyncio.Lock()
+        self._seen = self.engine.version
+        """The newest version this replica heard of (loaded, or lost with its trainer)."""
+        self._first_sync: asyncio.Task[None] | None = None
+        """The registry read the first requests wait for (see `_sync`)."""
         version, refs = await serve.get_deployment_actor(REGISTRY).latest.remote()
-        if version > self.engine.version:  # a replica started after a publish
+        await self._catch_up(version, refs)  # a replica started after a publish
+        self._follower = asyncio.create_task(self._follow(), name="follow-weights")
+
+    async def _catch_up(self, version: int, refs: list[ObjectRef]) -> None:
+        """Load `version` from the registry if it is newer than anything heard of. Weights
+        lost with the trainer that put them are skipped: the next publish comes."""
+        if version <= self._seen:
+            return
+        try:
+            await self.load_weights(version, refs)
+        except ObjectLostError as e:
+            log.warning(
+                "replica %s: version %d is gone with the trainer that put it (%s); serving "
+                "version %d until the next publish",
+                self.replica,
+                version,
+                type(e).__name__,
+                self.engine.version,
+            )
+
+    async def _sync(self) -> None:
+        """Before its first request, a replica reads the registry once more and loads what
+        it finds: Serve makes a replica routable only after `__init__`, and a publish whose
+        broadcast was sent in between (or whose handle had not yet heard of the replica)
+        does not reach it. Never raises: a failing registry must not hold requests."""
+        try:
+            version, refs = await serve.get_deployment_actor(REGISTRY).latest.remote()
+            await self._catch_up(version, refs)
+            async with self._load_lock:  # a load the broadcast or `_follow` began is done
+                pass
+        except Exception as e:
+            log.warning("replica %s: reading the weight registry: %r", self.replica, e)
+
+    async def _follow(self) -> None:
+        """Keep up with the registry for the replica's whole life: it records a version
+        before the broadcast goes out and answers this long poll then, so a replica that a
+        broadcast misses starts loading within a round trip of the record instead of
+        serving the old version until the next publish."""
+        registry = serve.get_deployment_actor(REGISTRY)
+        while True:
             try:
-                await self.load_weights(version, refs)
-            except ObjectLostError as e:  # its trainer died since: the next publish comes
-                log.warning(
-                    "replica %s: version %d is gone with the trainer that put it (%s); serving "
-                    "version %d from %s until the next publish",
-                    self.replica,
-                    version,
-                    type(e).__name__,
-                    self.engine.version,
-                    model_path,
-                )
+                version, refs = await registry.newer_than.remote(self._seen, FOLLOW_POLL_S)
+                await self._catch_up(version, refs)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the registry restarting, or going with the app
+                log.warning("replica %s: following the weight registry: %r", self.replica, e)
+                await asyncio.sleep(1.0)
 
     # ------------------------------------------------------------------ generation
 
@@ -171,6 +237,10 @@ class PolicyServer:
         """
         if not isinstance(request, GenerateRequest):
             raise BadRequest(f"generate takes a GenerateRequest, not {type(request).__name__}")
+        if self._first_sync is None:  # this replica's first request: see `_sync`
+            self._first_sync = asyncio.create_task(self._sync(), name="first-sync")
+        if not self._first_sync.done():  # shielded: one cancelled request cancels no other
+            await asyncio.shield(self._first_sync)
         prepared = asyncio.get_running_loop().run_in_executor(
             self._prepare_pool, self.engine.prepare, request, self.defaults
         )
@@ -179,8 +249,10 @@ class PolicyServer:
         self._in_flight += 1
         try:
             if self.engine.name == "hf":
-                return await self._batcher.submit(prepared)
-            return (await self.engine.generate([await prepared]))[0]
+                gen = await self._batcher.submit(prepared)
+            else:
+                gen = (await self.engine.generate([await prepared]))[0]
+            return dataclasses.replace(gen, replica=self.replica)
         finally:
             self._in_flight -= 1
             if self._in_flight == 0:
@@ -214,24 +286,36 @@ class PolicyServer:
         if not isinstance(refs, list) or len(refs) != 1 or not isinstance(refs[0], ObjectRef):
             raise BadRequest("update_weights takes a list with one ObjectRef of PackedWeights")
         t0 = time.perf_counter()
+        # recorded first: a replica that starts from here on reads it (`__init__`, `_sync`)
         await serve.get_deployment_actor(REGISTRY).publish.remote(version, refs)
         handle: DeploymentHandle = serve.get_deployment_handle(self.deployment, self.app_name)
-        results = await asyncio.wait_for(
-            handle.broadcast("load_weights", version, refs).results_async(),
-            timeout=self.cfg.update_timeout_s,
-        )
-        replicas = dict(results)
+        replicas: dict[str, int] = {}
+        async with asyncio.timeout(self.cfg.update_timeout_s):
+            # A broadcast reaches the replicas the handle knows when it is sent: send it again
+            # (a no-op where loaded) until no replica answers that had not, so one that
+            # autoscaling added meanwhile has loaded too when this returns.
+            while True:
+                results = await handle.broadcast("load_weights", version, refs).results_async(
+                    return_exceptions=True
+                )
+                answered = dict(_loaded(results))
+                if answered.keys() <= replicas.keys():
+                    break
+                replicas |= answered
         return UpdateReport(version, replicas, time.perf_counter() - t0)
 
     async def load_weights(self, version: int, refs: list[ObjectRef]) -> tuple[str, int]:
-        """Load `version` into this replica in place (broadcast target); (replica, version)."""
-        if version > self.engine.version:
-            weights = await refs[0]
-            if not isinstance(weights, PackedWeights):
-                raise BadRequest(f"weights must be PackedWeights, got {type(weights).__name__}")
-            seconds = await self.engine.update_weights(version, weights)
-            del weights  # release the object-store view
-            log.info("replica %s loaded version %d in %.3f s", self.replica, version, seconds)
+        """Load `version` into this replica in place (broadcast target); (replica, version).
+        A version at or below the loaded one is a no-op (the follower may have loaded it)."""
+        self._seen = max(self._seen, version)
+        async with self._load_lock:
+            if version > self.engine.version:
+                weights = await refs[0]
+                if not isinstance(weights, PackedWeights):
+                    raise BadRequest(f"weights must be PackedWeights, got {type(weights).__name__}")
+                seconds = await self.engine.update_weights(version, weights)
+                del weights  # release the object-store view
+                log.info("replica %s loaded version %d in %.3f s", self.replica, version, seconds)
         return self.replica, self.engine.version
 
     def version(self) -> int:
@@ -353,6 +437,9 @@ def build_app(
             min_replicas=cfg.min_replicas,
             max_replicas=cfg.max_replicas,
             target_ongoing_requests=cfg.target_ongoing_requests,
+            upscale_delay_s=cfg.upscale_delay_s,
+            downscale_delay_s=cfg.downscale_delay_s,
+            look_back_period_s=cfg.look_back_period_s,
         )
     else:
         options["num_replicas"] = cfg.replicas

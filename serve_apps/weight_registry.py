@@ -15,9 +15,19 @@ owner, so after a trainer dies the newest weights are gone until the restarted t
 publishes again: a replica that starts in that window finds them lost and serves the weights
 of its model folder under that folder's version (`PolicyServer.__init__`), whose samples the
 curator's staleness bound then judges like any old ones, until the next publish reaches it.
+
+Replicas also follow the registry (`newer_than`, a long poll): a publish's broadcast goes to
+the replicas its handle knows when it is sent, so a replica that Serve starts while a publish
+is in progress (it read `latest` before the publish was recorded, and became routable after
+the broadcast listed the replicas) would otherwise serve the old version until the next
+publish. The registry records a version before the broadcast goes out and wakes every
+follower then, so such a replica loads it as soon as it is recorded (serve_apps/policy.py).
 """
 
 from __future__ import annotations
+
+import asyncio
+import contextlib
 
 import ray
 from ray import ObjectRef
@@ -28,12 +38,28 @@ class WeightRegistry:
     def __init__(self) -> None:
         self.version = 0
         self.refs: list[ObjectRef] = []
+        # created unbound: it binds to the actor's event loop on first use
+        self._published = asyncio.Condition()
 
     async def publish(self, version: int, refs: list[ObjectRef]) -> int:
-        """Record `version` if it is newer than the one held; returns the version held."""
-        if version > self.version:
-            self.version, self.refs = version, list(refs)
+        """Record `version` if it is newer than the one held, and wake the replicas waiting
+        in `newer_than`; returns the version held."""
+        async with self._published:
+            if version > self.version:
+                self.version, self.refs = version, list(refs)
+                self._published.notify_all()
         return self.version
+
+    async def newer_than(self, version: int, timeout_s: float) -> tuple[int, list[ObjectRef]]:
+        """(version, refs) of the newest publish once it is above `version`, or after
+        `timeout_s` whatever it is: a long poll, so a replica that a broadcast missed hears of
+        a publish the moment it is recorded, and a call never outlives a replica by long."""
+        async with self._published:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._published.wait_for(lambda: self.version > version), timeout_s
+                )
+        return self.version, list(self.refs)
 
     async def latest(self) -> tuple[int, list[ObjectRef]]:
         """(version, refs) of the newest publish; (0, []) before any."""

@@ -80,6 +80,19 @@ class PolicyConfig(Section):
     """Most replicas when autoscaling."""
     target_ongoing_requests: float = Field(default=16.0, gt=0)
     """Requests in flight per replica that autoscaling aims for."""
+    upscale_delay_s: float = Field(default=30.0, ge=0)
+    """Autoscaling: how long the load must call for more replicas before Serve adds one
+    (Serve's default). A new replica loads the newest published version before its first
+    request (docs/OPERATIONS.md)."""
+    downscale_delay_s: float = Field(default=600.0, ge=0)
+    """Autoscaling: how long the load must call for fewer replicas before Serve removes one
+    (Serve's default, 10 minutes: a 7B replica takes minutes to start, so a lull shorter than
+    that should not cost one). A removed replica drains its requests first."""
+    look_back_period_s: float = Field(default=30.0, gt=0)
+    """Autoscaling: the window over which Serve averages the requests in flight (Serve's
+    default). Serve receives the load from each handle every 10 s
+    (RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S), so a shorter window reacts faster
+    but not below that interval."""
     max_ongoing_requests: int = Field(default=64, ge=1)
     """Requests a replica accepts at once (at least max_batch_size for batching to fill)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -122,6 +135,15 @@ class PolicyConfig(Section):
         if v == 0:
             raise ValueError("must be -1 (whole vocabulary) or at least 1")
         return v
+
+    @model_validator(mode="after")
+    def _replica_bounds(self) -> PolicyConfig:
+        if self.autoscaling and self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"policy.min_replicas = {self.min_replicas} is above policy.max_replicas = "
+                f"{self.max_replicas}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _vllm_temperature(self) -> PolicyConfig:

@@ -127,6 +127,9 @@ class Generation:
     """Per response token, (token id, log-prob) of the most likely tokens, best first, under
     the distribution `logprobs` is of (tokens it cannot draw left out), when the request
     asked (`SamplingParams.top_logprobs`); empty otherwise."""
+    replica: str = ""
+    """The policy server replica that produced it (its Serve replica id; empty from an engine
+    called directly): what tells which replica answered, e.g. a new one's first requests."""
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)

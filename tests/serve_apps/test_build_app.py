@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dart_ray.config import load_config
+import pytest
+
+from dart_ray.config import ConfigError, load_config
 from serve_apps.policy import build_app
 
 MODEL = Path(__file__).resolve().parents[2] / "fixtures" / "tiny-sft"
@@ -42,3 +44,34 @@ def test_torch_threads_reach_the_replica_environment() -> None:
     assert "runtime_env" not in _deployment().ray_actor_options  # Ray's choice by default
     d = _deployment("policy.num_cpus=0.5", "policy.torch_threads=2")
     assert d.ray_actor_options["runtime_env"] == {"env_vars": {"OMP_NUM_THREADS": "2"}}
+
+
+def test_autoscaling_delays_and_window_reach_serve() -> None:
+    """Serve's defaults (30 s up, 600 s down, a 30 s window) unless configured: a run on
+    replicas that start in seconds may scale faster."""
+    auto = _deployment("policy.autoscaling=true")._deployment_config.autoscaling_config
+    assert (auto.upscale_delay_s, auto.downscale_delay_s, auto.look_back_period_s) == (
+        30.0,
+        600.0,
+        30.0,
+    )
+    auto = _deployment(
+        "policy.autoscaling=true",
+        "policy.upscale_delay_s=1",
+        "policy.downscale_delay_s=5",
+        "policy.look_back_period_s=12",
+    )._deployment_config.autoscaling_config
+    assert (auto.upscale_delay_s, auto.downscale_delay_s, auto.look_back_period_s) == (
+        1.0,
+        5.0,
+        12.0,
+    )
+
+
+def test_replica_bounds_are_checked() -> None:
+    with pytest.raises(ConfigError, match=r"min_replicas = 3 is above policy\.max_replicas = 2"):
+        load_config(
+            None, ["policy.autoscaling=true", "policy.min_replicas=3", "policy.max_replicas=2"]
+        )
+    with pytest.raises(ConfigError, match="downscale_delay_s"):
+        load_config(None, ["policy.downscale_delay_s=-1"])

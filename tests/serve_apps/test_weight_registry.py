@@ -52,3 +52,23 @@ def test_weights_go_with_the_trainer_that_put_them() -> None:
         while time.monotonic() < deadline:  # the owner's death takes a moment to be known
             ray.get(refs[0], timeout=30)
             time.sleep(0.5)
+
+
+def test_a_follower_hears_of_a_publish_when_it_is_recorded() -> None:
+    """`newer_than` is the long poll replicas follow the registry with: it answers as soon as
+    a newer version is recorded, and after its timeout otherwise (with what it holds)."""
+    registry = WeightRegistry.remote()
+    ref = ray.put(np.zeros(4, dtype=np.float32))
+    t0 = time.monotonic()
+    assert ray.get(registry.newer_than.remote(0, 0.3)) == (0, [])  # timed out: nothing newer
+    assert time.monotonic() - t0 >= 0.3
+    waiting = registry.newer_than.remote(0, 30.0)
+    time.sleep(0.3)
+    ready, _ = ray.wait([waiting], timeout=0)
+    assert not ready  # still waiting: nothing newer yet
+    ray.get(registry.publish.remote(5, [ref]))
+    t0 = time.monotonic()
+    version, refs = ray.get(waiting, timeout=10)
+    assert version == 5 and refs[0].hex() == ref.hex()
+    assert time.monotonic() - t0 < 2.0  # at the record, not at the timeout
+    assert ray.get(registry.newer_than.remote(3, 30.0))[0] == 5  # already newer: at once
