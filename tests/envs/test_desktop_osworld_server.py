@@ -246,3 +246,30 @@ def test_an_unknown_endpoint_leaves_the_connection_usable(server: Server) -> Non
     r = server.post("/no/such/endpoint", json={"path": "x" * 200})
     assert r.status_code == 404
     assert server.get("/health").json() == {"status": "ok"}
+
+
+def test_our_client_runs_the_new_setup_steps() -> None:
+    """OSWorld task configs use `execute_with_verification` and `change_wallpaper` steps,
+    which our client refused as unknown types."""
+    from dart_ray.config import EnvConfig
+    from dart_ray.envs.osworld import LocalDesktopEnv
+    from dart_ray.records import Task
+
+    env = LocalDesktopEnv(EnvConfig(kind="desktop", screen_width=640, screen_height=480))
+    draw = "from PIL import Image; Image.new('RGB', (4, 4), (10, 10, 200)).save('blue.png')"
+    config = [
+        {
+            "type": "execute_with_verification",
+            "parameters": {
+                "command": ["python", "-c", draw],
+                "verification": {"command_success": "test -f ~/blue.png"},
+            },
+        },
+        {"type": "change_wallpaper", "parameters": {"path": "~/blue.png"}},
+    ]
+    try:
+        obs = env.reset(Task("wp", "x", "desktop", {"config": config, "evaluator": {}}))
+        img = Image.open(io.BytesIO(obs.screenshot)).convert("RGB")
+        assert img.getpixel((630, 470)) == (10, 10, 200)
+    finally:
+        env.close()
