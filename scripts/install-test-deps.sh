@@ -3,10 +3,11 @@
 #   browser: chromium + chromium-driver (MiniWoB++ in headless Chromium, offline)
 #   desktop: xvfb + xauth (a private X display), openbox (window manager), wmctrl (window
 #            control for /setup/activate_window), xterm and mousepad (the desktop's apps)
+#            ffmpeg (x11grab: /start_recording and /end_recording)
 # Idempotent and fast when everything is there (one dpkg-query). Needs root to install.
 set -euo pipefail
 
-PKGS=(chromium chromium-driver xvfb xauth openbox wmctrl xterm mousepad)
+PKGS=(chromium chromium-driver xvfb xauth openbox wmctrl xterm mousepad ffmpeg)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -176,7 +176,14 @@ class OSWorldEnv(Env):
             r = c.setup("execute", {"command": p["command"], "shell": bool(p.get("shell", False))})
             if r.get("returncode") not in (0, None):
                 raise EnvInputError(f"setup step {i} ({kind}) failed: {r.get('error', '')[-300:]}")
-        elif kind in ("launch", "open", "activate_window", "close_window"):
+        elif kind in (
+            "launch",
+            "open",
+            "activate_window",
+            "close_window",
+            "change_wallpaper",
+            "execute_with_verification",
+        ):
             endpoint = {"open": "open_file"}.get(kind, kind)
             c.setup(endpoint, p)
             time.sleep(float(p.get("wait", 0.0)))

@@ -158,7 +158,7 @@ def test_protocol_endpoints(desk: LocalDesktopEnv, tmp_path: Path) -> None:
         srv.shutdown()
     assert c.file("~/Documents/data.txt") == b"from the web"
     c.setup("close_window", {"window_name": "style.txt"})
-    c.setup("launch", {"command": ["xterm"]})
+    c.setup("launch", {"command": ["xterm"], "timeout": 30})
     c.execute("sleep 0.5", shell=False)
     assert "style.txt" not in c.accessibility()
     c.setup("activate_window", {"window_name": "Terminal", "strict": True})

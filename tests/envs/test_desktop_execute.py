@@ -79,7 +79,8 @@ FAILSAFE = True
 
 @dataclass
 class FakeMachine:
-    """What Desktop.run needs of a Machine: the subprocess environment and a home folder."""
+    """What Desktop.run needs of a Machine: the subprocess environment, a home folder, and
+    somewhere to hand the process group of what a command leaves running (nothing here)."""
 
     home: Path
     record_to: Path
@@ -92,6 +93,9 @@ class FakeMachine:
             "RECORD_TO": str(self.record_to),
             "PATH": "/usr/bin:/bin",
         }
+
+    def track(self, pgid: int) -> None:
+        pass
 
 
 class RecordingDesktop(Desktop):

@@ -12,10 +12,18 @@ Applications are tracked: the server reports an app that ended by a signal it di
 (killed, segfault) as *crashed*, and the client turns that into `EnvCrashed`, so the episode is
 aborted rather than scored on a broken desktop. An app the user closed normally (exit status
 >= 0) is not a crash.
+
+A reset ends every process the desktop started, not only the apps: whatever `/setup/execute`,
+`/run_bash_script` or `/setup/launch` left running (a `socat` listener, a `nohup ... &`) would
+otherwise live on into the next episode, holding ports and files. Each such process runs in
+its own process group, which is remembered while it has members; and every process on the
+desktop carries a marker in its environment, so one that left its group (`setsid`, a daemon's
+double fork) is still found.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -65,6 +73,8 @@ class Machine:
     _xvfb: subprocess.Popen[bytes] | None = None
     _wm: subprocess.Popen[bytes] | None = None
     _resets: int = 0
+    _groups: set[int] = field(default_factory=set)
+    marker: str = field(default_factory=lambda: secrets.token_hex(8))
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -128,6 +138,7 @@ class Machine:
             "GSETTINGS_BACKEND": "memory",  # no dconf/dbus: settings live and die with the app
             "NO_AT_BRIDGE": "1",
             "PS1": r"\w$ ",
+            MARKER: self.marker,
         }
 
     def reset(self, wm_ready: Callable[[], bool] = lambda: True) -> None:
@@ -187,6 +198,22 @@ class Machine:
         self.apps.append(app)
         return app
 
+    def launch_shell(self, command: str) -> App:
+        """Start a shell command line on the desktop (OSWorld's `launch` with `shell: true`)
+        and track it; the shell's process group holds what it starts."""
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", command],
+            cwd=self.home,
+            env=self.env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        app = App(command.split(maxsplit=1)[0] if command.strip() else "sh", proc)
+        self.apps.append(app)
+        return app
+
     def launch_app(self, name: str, *args: str) -> App:
         if name not in APPS:
             return self.launch([name, *args])
@@ -194,10 +221,27 @@ class Machine:
         return self.launch([*argv, *args], name)
 
     def stop_apps(self) -> None:
+        """End the apps, then every other process this desktop started (see the module doc);
+        the X server and the window manager stay."""
         for app in self.apps:
             app.stopping = True
             _terminate(app.proc)
         self.apps = []
+        for pgid in self._groups:
+            _killpg(pgid)
+        self._groups.clear()
+        keep = {p.pid for p in (self._xvfb, self._wm) if p is not None}
+        for pid in _marked(MARKER, self.marker):
+            if pid not in keep and pid != os.getpid():
+                _kill(pid)
+
+    def track(self, pgid: int) -> None:
+        """Remember a process group to end on the next reset, if it still has members (a
+        command that finished leaves nothing; one that left `cmd &` behind does). Groups that
+        have emptied are forgotten here, so a recycled group id is not killed later."""
+        self._groups = {g for g in self._groups if _group_alive(g)}
+        if _group_alive(pgid):
+            self._groups.add(pgid)
 
     def crashed_apps(self) -> list[App]:
         return [a for a in self.apps if a.crashed]
@@ -213,6 +257,54 @@ class Machine:
             return None
         raw = log.read_bytes().decode("utf-8", "replace") if log.exists() else ""
         return _strip_ansi(raw)
+
+
+MARKER = "DART_DESKTOP"  # environment variable naming the desktop a process belongs to
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # the id now names someone else's group: not ours to kill
+        return False
+    return True
+
+
+def _killpg(pgid: int, grace: float = 2.0) -> None:
+    """SIGTERM a process group, SIGKILL what is left after `grace` seconds."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return
+    deadline = time.monotonic() + grace
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _marked(name: str, value: str) -> list[int]:
+    """The processes whose environment has `name=value` (those we may read: our own user's)."""
+    want = f"{name}={value}".encode()
+    out = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                env = f.read()
+        except OSError:  # gone, or not ours
+            continue
+        if want in env.split(b"\0"):
+            out.append(int(entry.name))
+    return out
 
 
 def _terminate_with_parent() -> None:

@@ -1,6 +1,6 @@
 """The OSWorld in-VM protocol's operations on one desktop, apart from HTTP.
 
-Each method takes the request's JSON body and returns `(status, body bytes, content type)`;
+Each method takes the request's body (JSON, or a form: see `parse_body`) and returns `(status, body bytes, content type)`;
 `server.py` routes HTTP requests to them. Keeping the operations free of HTTP makes them easy
 to read against the protocol description and leaves the transport (auth, limits) in one place.
 A malformed request raises `BadRequest`, answered with 400 and its message.
@@ -8,13 +8,17 @@ A malformed request raises `BadRequest`, answered with 400 and its message.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import shlex
+import shutil
+import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from email.parser import BytesParser
@@ -22,7 +26,7 @@ from email.policy import HTTP
 from pathlib import Path
 from typing import Any
 
-from PIL import ImageDraw, ImageGrab
+from PIL import Image, ImageDraw, ImageGrab
 
 from dart_ray.envs.desktop.machine import Machine
 from dart_ray.envs.desktop.xwindows import XWindows, find
@@ -38,6 +42,60 @@ def json_reply(obj: Any, status: int = 200) -> Reply:
     return status, json.dumps(obj).encode(), "application/json"
 
 
+def parse_body(content_type: str, raw: bytes) -> dict[str, Any]:
+    """The request's fields, whatever way the client sent them.
+
+    OSWorld's own client mixes encodings: most calls post JSON, but `get_file` posts
+    `file_path` and `get_vm_window_size` posts `app_class_name` as an urlencoded form, and
+    `/setup/upload` is multipart. So the body is read by its Content-Type: a form field is a
+    string, a multipart file part is bytes; a body with no (or another) type is read as JSON."""
+    if not raw:
+        return {}
+    kind = content_type.split(";", 1)[0].strip().lower()
+    if kind == "application/x-www-form-urlencoded":
+        try:
+            pairs = urllib.parse.parse_qsl(
+                raw.decode(), keep_blank_values=True, strict_parsing=True
+            )
+        except (UnicodeDecodeError, ValueError) as e:
+            raise BadRequest(f"the form body is not valid urlencoded text: {e}") from None
+        return dict(pairs)
+    if kind == "multipart/form-data":
+        msg = BytesParser(policy=HTTP).parsebytes(
+            f"Content-Type: {content_type}\r\n\r\n".encode() + raw
+        )
+        if not msg.is_multipart():
+            raise BadRequest("the multipart body has no parts (is the boundary right?)")
+        out: dict[str, Any] = {}
+        for part in msg.iter_parts():
+            name = part.get_param("name", header="content-disposition")
+            if not name:
+                continue
+            data = part.get_payload(decode=True) or b""
+            if part.get_filename() is not None:
+                out[str(name)] = data
+            else:
+                out[str(name)] = data.decode(part.get_content_charset() or "utf-8", "replace")
+        return out
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BadRequest(f"the body is not JSON ({e}); send JSON or a form") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    return body
+
+
+def required(b: dict[str, Any], name: str, kind: type = str) -> Any:
+    """Field `name` of the body, present and of type `kind`, or a 400 naming it."""
+    if name not in b:
+        raise BadRequest(f"'{name}' is required")
+    v = b[name]
+    if not isinstance(v, kind) or (kind is str and not v):
+        raise BadRequest(f"'{name}' must be a non-empty {kind.__name__}")
+    return v
+
+
 class Desktop:
     """The protocol's operations on one Machine."""
 
@@ -45,14 +103,21 @@ class Desktop:
         self.m = machine
         os.environ["XAUTHORITY"] = str(machine.root / "Xauthority")  # for Pillow and Xlib
         self.x = XWindows(machine.display)
+        self.wallpaper: Path | None = None
+        self._recording: subprocess.Popen[bytes] | None = None
 
     # ------------------------------------------------------------------ helpers
+    def _home(self, p: str) -> str:
+        if p == "~" or p.startswith("~/"):  # the desktop user's home, not the server's
+            return str(self.m.home) + p[1:]
+        return p
+
     def _path(self, p: Any, what: str = "path") -> Path:
+        if p is None:
+            raise BadRequest(f"'{what}' is required")
         if not isinstance(p, str) or not p:
             raise BadRequest(f"'{what}' must be a non-empty string")
-        if p == "~" or p.startswith("~/"):  # the desktop user's home, not the server's
-            p = str(self.m.home) + p[1:]
-        path = Path(p)
+        path = Path(self._home(p))
         return path if path.is_absolute() else self.m.home / path
 
     def _argv(self, command: Any, shell: bool) -> list[str] | str:
@@ -63,36 +128,57 @@ class Desktop:
         argv = shlex.split(command) if isinstance(command, str) else list(command)
         if not argv or not all(isinstance(a, str) for a in argv):
             raise BadRequest("'command' must be a string or a non-empty list of strings")
+        # OSWorld's server expands `~/` in each argument (no shell does it for an argv);
+        # here `~` is the desktop user's home, not the server's
+        argv = [self._home(a) for a in argv]
         if argv[0] in ("python", "python3"):
             argv[0] = sys.executable
         return argv
 
-    def run(self, command: Any, shell: bool = False, timeout: float = 120.0) -> dict[str, Any]:
+    def run(
+        self,
+        command: Any,
+        shell: bool = False,
+        timeout: float = 120.0,
+        cwd: Path | None = None,
+        merge_stderr: bool = False,
+    ) -> dict[str, Any]:
+        """Run a command to its end in its own process group. What it leaves running in the
+        background (`cmd &`) is tracked, so the next reset ends it."""
         argv = self._argv(command, shell)
         try:
-            r = subprocess.run(
+            proc = subprocess.Popen(
                 argv,
                 shell=shell,
                 env=self.m.env(),
-                cwd=self.m.home,
-                capture_output=True,
+                cwd=cwd or self.m.home,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
                 text=True,
-                timeout=timeout,
+                start_new_session=True,
             )
+        except OSError as e:
+            return {"status": "error", "output": "", "error": str(e), "returncode": -1}
+        try:
+            out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
             return {
                 "status": "error",
                 "output": "",
                 "error": f"timed out after {timeout:g}s",
                 "returncode": -1,
             }
-        except OSError as e:
-            return {"status": "error", "output": "", "error": str(e), "returncode": -1}
+        finally:
+            self.m.track(proc.pid)
         return {
             "status": "success",
-            "output": r.stdout,
-            "error": r.stderr,
-            "returncode": r.returncode,
+            "output": out,
+            "error": err or "",
+            "returncode": proc.returncode,
         }
 
     def wait_for_window(
@@ -145,6 +231,51 @@ class Desktop:
             self.run(b["command"], bool(b.get("shell", False)), float(b.get("timeout", 120)))
         )
 
+    def execute_with_verification(self, b: dict[str, Any]) -> Reply:
+        """OSWorld's `/setup/execute_with_verification`: run the command, then check the
+        `verification` conditions every `check_interval` s for up to `max_wait_time` s:
+        `window_exists` (a window title contains it, any case) and `command_success` (a shell
+        command exits 0). 200 with `verification: passed` once all hold, 500 with
+        `status: verification_failed` if they never do; no verification answers at once."""
+        if "command" not in b:
+            raise BadRequest("'command' is required")
+        verification = b.get("verification") or {}
+        if not isinstance(verification, dict):
+            raise BadRequest("'verification' must be an object")
+        unknown = set(verification) - {"window_exists", "command_success"}
+        if unknown:
+            raise BadRequest(
+                f"unknown verification {sorted(unknown)}: known are window_exists, command_success"
+            )
+        try:
+            max_wait = float(b.get("max_wait_time", 10))
+            interval = max(float(b.get("check_interval", 1)), 0.05)
+        except (TypeError, ValueError):
+            raise BadRequest("'max_wait_time' and 'check_interval' must be numbers") from None
+        r = self.run(b["command"], bool(b.get("shell", False)))
+        if not verification:
+            return json_reply(r)
+
+        def holds() -> bool:
+            if "window_exists" in verification:
+                want = str(verification["window_exists"]).lower()
+                if not any(want in w.name.lower() for w in self.x.windows()):
+                    return False
+            if "command_success" in verification:
+                check = self.run(verification["command_success"], shell=True, timeout=5)
+                if check["returncode"] != 0:
+                    return False
+            return True
+
+        start = time.monotonic()
+        while time.monotonic() - start < max_wait:
+            if holds():
+                waited = time.monotonic() - start
+                return json_reply(r | {"verification": "passed", "wait_time": waited})
+            time.sleep(interval)
+        failed = {"status": "verification_failed", "verification": "failed"}
+        return json_reply(r | failed | {"wait_time": max_wait}, 500)
+
     def run_python(self, b: dict[str, Any]) -> Reply:
         code = b.get("code")
         if not isinstance(code, str):
@@ -153,50 +284,69 @@ class Desktop:
         return json_reply(r | {"return_code": r["returncode"]})
 
     def run_bash_script(self, b: dict[str, Any]) -> Reply:
-        script = b.get("script")
-        if not isinstance(script, str):
-            raise BadRequest("'script' must be a string")
-        r = self.run(["bash", "-c", script], timeout=float(b.get("timeout", 120)))
+        """Run a bash script in `working_dir` (`~` is the desktop's home; default: home).
+        A working_dir that does not exist is a 400, as in OSWorld's server."""
+        script = required(b, "script")
+        cwd = None
+        if b.get("working_dir"):
+            cwd = self._path(b["working_dir"], "working_dir")
+            if not cwd.is_dir():
+                raise BadRequest(f"working_dir {cwd} does not exist or is not a directory")
+        r = self.run(["bash", "-c", script], timeout=float(b.get("timeout", 120)), cwd=cwd)
         return json_reply(r | {"return_code": r["returncode"]})
 
     def launch(self, b: dict[str, Any]) -> Reply:
-        argv = self._argv(b.get("command"), False)
-        assert isinstance(argv, list)
-        # answer once the window is up, so the next setup step or action finds it; a loaded
-        # machine (CI, many sessions on one host) can take well over 10 s to map an xterm.
-        # A program that exits before showing a window (seen: an xterm on a loaded CI host) is
-        # started again, up to three tries in all.
-        deadline = time.monotonic() + float(b.get("timeout", 30))
+        """Start a program and answer, as OSWorld's server does, without waiting for it: a
+        program with no window (`socat ...`) or one that exits at once is launched once and
+        is not an error. `shell: true` runs the command line through a shell.
+
+        Ours: `timeout` (seconds) waits up to that long for a window of the launched process
+        group, so the next setup step finds it; the answer says whether one showed
+        (`window`) and, for a program that already ended, its `returncode`."""
+        shell = bool(b.get("shell", False))
+        command = b.get("command")
+        if command is None or command == "" or command == []:
+            raise BadRequest("'command' is required")
         wm = self.m.ensure_wm(self.x.wm_ready)
-        for _ in range(3):
+        if shell:
+            cmdline = self._argv(command, True)
+            assert isinstance(cmdline, str)
+            app = self.m.launch_shell(cmdline)
+        else:
+            argv = self._argv(command, False)
+            assert isinstance(argv, list)
             try:
                 app = self.m.launch_app(argv[0], *argv[1:])
             except FileNotFoundError as e:
                 raise BadRequest(str(e)) from None
-            shown = self.wait_for_window(
-                lambda w, p=app.proc: w.pid == p.pid,
-                deadline - time.monotonic(),
-                gone=lambda p=app.proc: p.poll() is not None,
+        proc = app.proc
+        shown = False
+        wait = b.get("timeout")
+        if wait is not None:
+
+            def ours(w: Any) -> bool:
+                try:
+                    return w.pid == proc.pid or os.getpgid(w.pid) == proc.pid
+                except (ProcessLookupError, PermissionError, OSError):
+                    return False
+
+            shown = self.wait_for_window(ours, float(wait), gone=lambda: proc.poll() is not None)
+        code = proc.poll()
+        reply: dict[str, Any] = {
+            "status": "success",
+            "message": f"{app.name} launched successfully",
+            "pid": proc.pid,
+            "window": shown,
+        }
+        if code is not None:
+            reply["returncode"] = code
+            reply["message"] += f" (it has already exited with status {code})"
+        elif wait is not None and not shown:
+            reply["message"] += f" (no window within {float(wait):g}s"
+            reply["message"] += (
+                ")" if wm else f"; the window manager {self.m.window_manager!r} is not running)"
             )
-            if shown or app.proc.poll() is None:
-                break
-            self.m.apps.remove(app)  # died starting: not a crash of a running app
-        if not shown:
-            code = app.proc.poll()
-            why = "is still starting" if code is None else f"exited with status {code}"
-            if not wm:
-                why += f" (the window manager {self.m.window_manager!r} is not running)"
-            return json_reply(
-                {"status": "error", "message": f"{app.name} showed no window: it {why}"}, 500
-            )
-        return json_reply(
-            {
-                "status": "success",
-                "message": f"launched {app.name}",
-                "pid": app.proc.pid,
-                "window": shown,
-            }
-        )
+        return json_reply(reply)
 
     def open_file(self, b: dict[str, Any]) -> Reply:
         path = self._path(b.get("path"))
@@ -221,15 +371,13 @@ class Desktop:
         r = self.run(["wmctrl", "-i", flag, hex(wins[0].id)])
         return json_reply({"status": r["status"], "message": r["error"] or "ok"})
 
-    def upload(self, headers: Any, body: bytes) -> Reply:
-        msg = BytesParser(policy=HTTP).parsebytes(
-            f"Content-Type: {headers.get('Content-Type', '')}\r\n\r\n".encode() + body
-        )
-        parts = {p.get_param("name", header="content-disposition"): p for p in msg.iter_parts()}
-        if "file_path" not in parts or "file_data" not in parts:
+    def upload(self, b: dict[str, Any]) -> Reply:
+        data = b.get("file_data")
+        if "file_path" not in b or data is None:
             raise BadRequest("multipart form needs 'file_path' and 'file_data'")
-        path = self._path(parts["file_path"].get_content().strip(), "file_path")
-        data = parts["file_data"].get_payload(decode=True) or b""
+        path = self._path(str(b["file_path"]).strip(), "file_path")
+        if isinstance(data, str):
+            data = data.encode()
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
         return json_reply({"status": "success", "message": f"wrote {len(data)} bytes to {path}"})
@@ -245,7 +393,7 @@ class Desktop:
         return json_reply({"status": "success", "message": f"downloaded {len(data)} bytes"})
 
     def file(self, b: dict[str, Any]) -> Reply:
-        path = self._path(b.get("file_path"), "file_path")
+        path = self._path(b.get("file_path"), "file_path")  # a form field from OSWorld's client
         if not path.is_file():
             return json_reply({"error": f"{path} not found"}, 404)
         return 200, path.read_bytes(), "application/octet-stream"
@@ -267,12 +415,99 @@ class Desktop:
         return json_reply({"directory_tree": tree(root)})
 
     def window_size(self, b: dict[str, Any]) -> Reply:
-        wins = find(self.x.windows(), str(b.get("app_class_name", "")), by_class=True)
+        wins = find(self.x.windows(), required(b, "app_class_name"), by_class=True)
         if not wins:
             return json_reply({"error": "no such window"}, 404)
         return json_reply({"width": wins[0].width, "height": wins[0].height})
 
+    def change_wallpaper(self, b: dict[str, Any]) -> Reply:
+        """OSWorld's `/setup/change_wallpaper`: the image at `path`, scaled to the screen, on
+        the root window (there is no GNOME here). `/wallpaper` then returns that file."""
+        path = self._path(b.get("path"))
+        if not path.is_file():
+            return json_reply({"status": "error", "message": f"{path} does not exist"}, 404)
+        try:
+            with Image.open(path) as img:
+                scaled = img.convert("RGB").resize((self.m.width, self.m.height))
+        except OSError as e:
+            raise BadRequest(f"{path} is not an image Pillow can read: {e}") from None
+        self.x.set_background(scaled)
+        self.wallpaper = path
+        return json_reply({"status": "success", "message": f"wallpaper set to {path}"})
+
+    def get_wallpaper(self, b: dict[str, Any]) -> Reply:
+        """OSWorld's `POST /wallpaper`: the wallpaper's image file, 404 when none was set."""
+        if self.wallpaper is None or not self.wallpaper.is_file():
+            return json_reply({"error": "no wallpaper has been set on this desktop"}, 404)
+        return 200, self.wallpaper.read_bytes(), "image/png"
+
+    def start_recording(self, b: dict[str, Any]) -> Reply:
+        """OSWorld's `/start_recording`: ffmpeg grabs the display (x11grab) into an mp4 until
+        `/end_recording`, which answers with the file."""
+        if self._recording is not None and self._recording.poll() is None:
+            return json_reply({"status": "error", "message": "a recording is in progress"}, 400)
+        if shutil.which("ffmpeg") is None:
+            return json_reply(
+                {
+                    "status": "error",
+                    "message": "recording needs ffmpeg, which is not installed on the desktop "
+                    "host (scripts/install-test-deps.sh installs it)",
+                },
+                501,
+            )
+        out = self.m.root / "recording.mp4"
+        out.unlink(missing_ok=True)
+        fps = str(int(b.get("fps", 10)))  # low: the desktop shares its cores with the apps
+        argv = [
+            *("ffmpeg", "-nostdin", "-y", "-loglevel", "error", "-f", "x11grab"),
+            *("-draw_mouse", "1", "-video_size", f"{self.m.width}x{self.m.height}"),
+            *("-framerate", fps, "-i", self.m.display, "-c:v", "libx264"),
+            *("-preset", "ultrafast", "-pix_fmt", "yuv420p", str(out)),
+        ]
+        self._recording = subprocess.Popen(
+            argv,
+            env=self.m.env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        try:  # ffmpeg that cannot open the display or the encoder ends within a second
+            self._recording.wait(1.0)
+        except subprocess.TimeoutExpired:
+            return json_reply({"status": "success", "message": "started recording"})
+        err = (
+            self._recording.stderr.read().decode(errors="replace") if self._recording.stderr else ""
+        )
+        self._recording = None
+        return json_reply({"status": "error", "message": f"ffmpeg ended at once: {err}"}, 500)
+
+    def end_recording(self, b: dict[str, Any]) -> Reply:
+        rec, self._recording = self._recording, None
+        if rec is None or rec.poll() is not None:
+            return json_reply({"status": "error", "message": "no recording in progress"}, 400)
+        rec.send_signal(signal.SIGINT)  # ffmpeg finishes the file on SIGINT
+        try:
+            _, err = rec.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            rec.kill()
+            rec.communicate()
+            return json_reply({"status": "error", "message": "ffmpeg did not stop; killed"}, 500)
+        out = self.m.root / "recording.mp4"
+        if not out.is_file() or out.stat().st_size == 0:
+            why = err.decode(errors="replace") if err else ""
+            return json_reply({"status": "error", "message": f"no recording written: {why}"}, 500)
+        return 200, out.read_bytes(), "video/mp4"
+
+    def stop_recording(self) -> None:
+        rec, self._recording = self._recording, None
+        if rec is not None and rec.poll() is None:
+            rec.kill()
+            rec.communicate()
+
     def reset(self, b: dict[str, Any]) -> Reply:
+        self.stop_recording()
+        self.wallpaper = None
         apps = b.get("apps")
         if apps is not None:
             self.m.startup_apps = [str(a) for a in apps]

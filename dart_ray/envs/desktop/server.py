@@ -3,11 +3,17 @@
 Written from the protocol description (shared/REFERENCE.md), not from OSWorld's code. Endpoints:
 
     GET  /screenshot /accessibility /terminal /platform /cursor_position
-    POST /execute /setup/execute /run_python /run_bash_script
-    POST /screen_size /window_size /desktop_path /list_directory /file
+    POST /execute /setup/execute /execute_with_verification /setup/execute_with_verification
+         /run_python /run_bash_script
+    POST /screen_size /window_size /desktop_path /list_directory /file /wallpaper
     POST /setup/launch /setup/upload /setup/download_file /setup/open_file
-         /setup/activate_window /setup/close_window
-    ours: POST /reset (fresh HOME, apps restarted), GET /apps (which apps crashed), GET /health
+         /setup/activate_window /setup/close_window /setup/change_wallpaper
+    POST /start_recording /end_recording
+    ours: POST /reset (fresh HOME, every process ended, apps restarted), GET /apps (which apps
+          crashed), GET /health
+
+Every POST body may be JSON or a form (urlencoded or multipart), read by its Content-Type:
+OSWorld's own client posts some fields as forms (`/file`, `/window_size`).
 
 An OSWorld client sends actions as pyautogui code, `["python", "-c", "import pyautogui; ..."]`:
 `python`/`python3` here mean this server's own interpreter, which has pyautogui. Running code
@@ -34,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from dart_ray.envs.desktop.machine import Machine
-from dart_ray.envs.desktop.protocol import BadRequest, Desktop, Reply, json_reply
+from dart_ray.envs.desktop.protocol import BadRequest, Desktop, Reply, json_reply, parse_body
 
 MAX_BODY = 64 << 20
 
@@ -52,6 +58,8 @@ def make_handler(desk: Desktop, token: str | None) -> type[BaseHTTPRequestHandle
     post_routes = {
         "/execute": desk.execute,
         "/setup/execute": desk.execute,
+        "/execute_with_verification": desk.execute_with_verification,
+        "/setup/execute_with_verification": desk.execute_with_verification,
         "/run_python": desk.run_python,
         "/run_bash_script": desk.run_bash_script,
         "/setup/launch": desk.launch,
@@ -59,6 +67,11 @@ def make_handler(desk: Desktop, token: str | None) -> type[BaseHTTPRequestHandle
         "/setup/activate_window": lambda b: desk.window_action(b, "-a"),
         "/setup/close_window": lambda b: desk.window_action(b, "-c"),
         "/setup/download_file": desk.download,
+        "/setup/upload": desk.upload,
+        "/setup/change_wallpaper": desk.change_wallpaper,
+        "/wallpaper": desk.get_wallpaper,
+        "/start_recording": desk.start_recording,
+        "/end_recording": desk.end_recording,
         "/file": desk.file,
         "/list_directory": desk.list_directory,
         "/screen_size": lambda b: json_reply({"width": desk.m.width, "height": desk.m.height}),
@@ -89,24 +102,23 @@ def make_handler(desk: Desktop, token: str | None) -> type[BaseHTTPRequestHandle
 
         def _handle(self, method: str) -> None:
             if not self._authorised():
+                self.close_connection = True  # its body stays unread: the connection is done
                 self._send(json_reply({"error": "missing or wrong bearer token"}, 401))
                 return
             path = self.path.split("?", 1)[0]
             try:
+                # the body is read whatever the route: one left unread on a kept-alive
+                # connection would be taken for the next request (a 404 broke the next call)
+                n = int(self.headers.get("Content-Length") or 0)
+                if n > MAX_BODY:
+                    self.close_connection = True
+                    raise BadRequest(f"body of {n} bytes is over the {MAX_BODY} limit")
+                raw = self.rfile.read(n) if n > 0 else b""
                 if method == "GET" and path in get_routes:
                     self._send(get_routes[path]())
                     return
-                if method == "POST" and (path in post_routes or path == "/setup/upload"):
-                    n = int(self.headers.get("Content-Length") or 0)
-                    if n > MAX_BODY:
-                        raise BadRequest(f"body of {n} bytes is over the {MAX_BODY} limit")
-                    raw = self.rfile.read(n)
-                    if path == "/setup/upload":
-                        self._send(desk.upload(self.headers, raw))
-                        return
-                    body = json.loads(raw or b"{}")
-                    if not isinstance(body, dict):
-                        raise BadRequest("the body must be a JSON object")
+                if method == "POST" and path in post_routes:
+                    body = parse_body(self.headers.get("Content-Type", ""), raw)
                     self._send(post_routes[path](body))
                     return
                 self._send(json_reply({"error": f"no {method} {path}"}, HTTPStatus.NOT_FOUND))

@@ -17,7 +17,9 @@ from typing import Any
 from dart_ray.envs.osworld import task_from_json
 from dart_ray.records import Task
 
-TERM = [{"type": "launch", "parameters": {"command": ["xterm"]}}]
+# `timeout`: our server's launch waits that long for the xterm's window (OSWorld's answers at
+# once), so the first action finds the terminal; a loaded CI host can take well over 10 s
+TERM = [{"type": "launch", "parameters": {"command": ["xterm"], "timeout": 30}}]
 
 
 def _file(path: str, content: str) -> dict[str, Any]:

@@ -98,6 +98,20 @@ class XWindows:
             )
         return out
 
+    def set_background(self, image: Any) -> None:
+        """Paint `image` (a PIL image, already the screen's size) on the root window: what
+        OSWorld's GNOME wallpaper is on a bare X server. The server keeps its own copy, so
+        the pixmap is freed at once."""
+        with self._lock:
+            pixmap = self.root.create_pixmap(image.width, image.height, self.d.screen().root_depth)
+            gc = pixmap.create_gc()
+            pixmap.put_pil_image(gc, 0, 0, image.convert("RGB"))
+            self.root.change_attributes(background_pixmap=pixmap)
+            self.root.clear_area(0, 0, 0, 0)
+            gc.free()
+            pixmap.free()
+            self.d.sync()
+
     def pointer(self) -> tuple[int, int]:
         with self._lock:
             p = self.root.query_pointer()
