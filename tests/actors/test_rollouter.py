@@ -199,7 +199,11 @@ def test_admission_holds_new_groups_while_the_queue_is_as_long_as_the_bound_allo
         going = r.run.remote()
         import time
 
-        time.sleep(12)
+        # 8 s of the rollouter's own running, however long the actor took to start (on a
+        # loaded machine its start alone took 11 of a fixed 12 s sleep)
+        deadline = time.monotonic() + 180
+        while ray.get(r.stats.remote()).wall_s < 8 and time.monotonic() < deadline:
+            time.sleep(0.5)
         ray.get(r.stop.remote())
         report = ray.get(going)
         held[admission] = report
