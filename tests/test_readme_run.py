@@ -75,6 +75,8 @@ def test_make_run_from_a_clean_clone(tmp_path: Path) -> None:
         # a non-terminal's progress line: [hh:mm:ss] trajectories n (r/min), ...
         lambda ln: re.match(r"\[\d\d:\d\d:\d\d\] trajectories \d", ln) is not None,
         lambda ln: ln[:1] in "┌│├└┏┃┡┗╭╰" or ln.lstrip().startswith("run "),  # the report
+        # and the title of its table of rollouts per trained row by task family
+        lambda ln: ln.strip() == "rollouts per trained row, by family",
         lambda ln: ln.startswith("outputs in "),  # the run folder, whole, under the report
     )
     lines = [ln for chunk in out.splitlines() for ln in chunk.split("\r") if ln.strip()]
