@@ -16,6 +16,8 @@ TORCH_SPEC ?= torch==2.13.0
 # `learning` (docs/LEARNING.md: the default run's +10 points and the three rungs of the ladder;
 # about 80 minutes) does not fit CI's time with the rest: `make test-learning` runs it.
 # `schedule` (the seeded 50-fault schedule, about 20 minutes) neither: `make test-fault-schedule`.
+# `bench` (the benchmark scripts at their test size: timing mode, load, publish; about 6
+# minutes) neither, since CI's run reached 44 minutes with them: `make test-bench`.
 # Empty: scripts/test-tiers.sh runs the tiers (parallel, ray, cluster, vLLM) and times each; set it
 # to run one plain pytest instead (e.g. PYTEST_ARGS="-x tests/store").
 PYTEST_ARGS ?=
@@ -27,7 +29,7 @@ VLLM_VENV ?= .venv-vllm
 TEST_VLLM ?= 1
 VLLM_PYTEST_ARGS ?= -m vllm tests/engines tests/serve_apps
 
-.PHONY: run test test-learning test-fault-schedule test-vllm vllm-venv gpu-check lint install clean
+.PHONY: run test test-learning test-fault-schedule test-bench test-vllm vllm-venv gpu-check lint install clean
 
 install: $(STAMP)
 
@@ -66,6 +68,13 @@ test-fault-schedule: $(STAMP)
 
 vllm-venv:
 	bash scripts/setup-vllm-venv.sh $(VLLM_VENV)
+
+test-bench: $(STAMP)
+	bash scripts/install-test-deps.sh
+	bash scripts/start-mariadb.sh
+	@# the one on the session's Ray first, then the ones that start their own (as the tiers do)
+	$(VENV)/bin/pytest -m 'bench and ray' --durations=0 tests
+	$(VENV)/bin/pytest -m 'bench and not ray' --durations=0 tests
 
 test-vllm: vllm-venv
 	$(VLLM_VENV)/bin/python -m pytest $(VLLM_PYTEST_ARGS)

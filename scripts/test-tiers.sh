@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The test command of the README (`make test` runs it): every tier but `gpu`, `learning` and
-# `schedule`, each timed, then a table of the tiers and the wall time, so CI's log shows where
+# The test command of the README (`make test` runs it): every tier but `gpu`, `learning`,
+# `schedule` and `bench`, each timed, then a table of the tiers and the wall time, so CI's log shows where
 # its minutes go.
 #   parallel  pure logic, stores (SQLite and MariaDB), environments: pytest-xdist, 2 workers
 #   ray       the tests on the session's local Ray (marker `ray`, set by tests/conftest.py for
@@ -17,7 +17,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
-BASE="not gpu and not learning and not schedule"
+BASE="not gpu and not learning and not schedule and not bench"
 if [ $# -gt 0 ]; then
   exec "$VENV/bin/pytest" "$@"
 fi

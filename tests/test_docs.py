@@ -235,6 +235,12 @@ HOW: dict[str, How] = {
             "test_a_seeded_schedule_of_fifty_faults_loses_and_repeats_nothing"
         ),
     ),
+    r"make test-bench": How(
+        "check",
+        _covered(
+            "tests/test_timing_mode.py::test_the_timing_mode_benchmark_runs_every_mode_correctly"
+        ),
+    ),
     r"make gpu-check|scripts/gpu-check\.sh( --dry-run)?( \S+)?": How(
         "check", _covered("tests/test_gpu_check.py::test_the_dry_run_passes_every_step")
     ),

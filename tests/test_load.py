@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.bench,
     pytest.mark.mysql,
     pytest.mark.timeout(1200),
     pytest.mark.skipif(not mariadb_available(), reason="needs mariadbd to start a private server"),

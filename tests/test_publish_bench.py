@@ -14,7 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.bench, pytest.mark.timeout(300)]
 
 
 def lora_params(rank: int, shapes: list[tuple[int, int]]) -> int:

@@ -18,7 +18,12 @@ from types import ModuleType
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.usefixtures("ray_local")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.bench,
+    pytest.mark.timeout(900),
+    pytest.mark.usefixtures("ray_local"),
+]
 
 
 def _benchmark() -> ModuleType:
