@@ -386,3 +386,14 @@ def test_sessions_of_a_process_share_one_background_and_frames_never_draw_on_it(
     a.step(oracle_action(a))
     assert np.array_equal(np.asarray(b._base), before)
     assert a._frame is not a._base
+
+
+def test_an_unknown_key_is_a_failed_step_that_names_it_not_a_silent_no_op() -> None:
+    """`hotkey(key='blorp')` is not a key: the step fails and says which key (as the desktop's
+    and MiniWoB's envs do); a real key with nothing to act on (`ctrl z`) stays a quiet no-op."""
+    env = MiniDeskEnv(_cfg())
+    env.reset(make_task("click-button", 1, 0))
+    bad = env.step(Action(ActionKind.HOTKEY, text="ctrl blorp"))
+    assert not bad.done and "unknown key 'blorp'" in bad.info.get("error", ""), bad.info
+    ok = env.step(Action(ActionKind.HOTKEY, text="ctrl z"))
+    assert "error" not in ok.info and ok.info["event"] == "nothing", ok.info

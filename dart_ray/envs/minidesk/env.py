@@ -35,6 +35,7 @@ from dart_ray.envs.base import (
 from dart_ray.envs.minidesk import interact
 from dart_ray.envs.minidesk.render import background, render
 from dart_ray.envs.minidesk.scene import Scene
+from dart_ray.envs.pyautogui_code import UnsafeAction, hotkey_keys
 from dart_ray.records import Action, ActionKind, Observation, Task
 
 _QUIET = {"nothing", "typed_nowhere", "blocked_by_dialog", "invalid", "wait", "finished"}
@@ -112,6 +113,10 @@ class MiniDeskEnv(Env):
         if k == ActionKind.TYPE:
             return interact.type_text(s, a.text or "")
         if k == ActionKind.HOTKEY:
+            try:  # the key names a real desktop knows (one table: pyautogui's)
+                hotkey_keys(a.text or "")
+            except UnsafeAction as e:
+                raise InvalidAction(str(e)) from None
             return interact.key(s, a.text or "")
         if k == ActionKind.SCROLL:
             x, y = self._pointer if a.point is None else self._point(a.point, k)
