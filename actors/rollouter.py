@@ -197,7 +197,7 @@ class Rollouter:
         window = 2 * self.c.rollout.n_rollouts
         recent = self.store.log.recent_outcomes(self.run_id, task_id, window)
         thr = self.c.rollout.success_threshold
-        stats = {s.task_id: s for s in self.store.log.task_stats(self.run_id)}.get(task_id)
+        stats = self.store.log.task_stat(self.run_id, task_id)
         return TaskHistory(
             recent_success=sum(r >= thr for r in recent) / len(recent) if recent else None,
             longest_success=stats.success_steps_max if stats else 0,

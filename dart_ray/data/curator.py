@@ -240,7 +240,7 @@ class CuratorCore:
     def _replay_for(self, task_id: str) -> Trajectory | None:
         if not self.s.params.success_replay:
             return None
-        stats = {st.task_id: st for st in self.log.task_stats(self.s.run_id)}.get(task_id)
+        stats = self.log.task_stat(self.s.run_id, task_id)
         if stats is None or stats.last_success_uri is None:
             return None
         try:

@@ -138,20 +138,15 @@ class LogStats:
         rows = self._fetch(
             sa.select(task_stats).where(ts.run_id == run_id).order_by(ts.task_id), "task_stats"
         )
-        return [
-            TaskStats(
-                task_id=r.task_id,
-                attempts=r.attempts,
-                successes=r.successes,
-                failures_env=r.failures_env,
-                success_steps_total=r.success_steps_total,
-                success_steps_max=r.success_steps_max,
-                last_success_uri=r.last_success_uri,
-                last_success_trajectory_id=r.last_success_trajectory_id,
-                last_success_version=r.last_success_version,
-            )
-            for r in rows
-        ]
+        return [_task_stats(r) for r in rows]
+
+    def task_stat(self, run_id: str, task_id: str) -> TaskStats | None:
+        """One task's statistics (None before its first attempt): one row by its key, what a
+        rollouter reads at every visit of a task (`task_stats` reads the run's every task)."""
+        ts = task_stats.c
+        q = sa.select(task_stats).where(ts.run_id == run_id, ts.task_id == task_id)
+        rows = self._fetch(q, "task_stat")
+        return _task_stats(rows[0]) if rows else None
 
     def recent_outcomes(self, run_id: str, task_id: str, window: int) -> list[float]:
         """Rewards of the newest `window` trainable trajectories of a task (newest first)."""
@@ -255,3 +250,17 @@ class LogStats:
             .group_by(rr.drop_reason)
         )
         return {str(reason or ""): n for reason, n in self._fetch(q, "drops")}
+
+
+def _task_stats(r: Any) -> TaskStats:
+    return TaskStats(
+        task_id=r.task_id,
+        attempts=r.attempts,
+        successes=r.successes,
+        failures_env=r.failures_env,
+        success_steps_total=r.success_steps_total,
+        success_steps_max=r.success_steps_max,
+        last_success_uri=r.last_success_uri,
+        last_success_trajectory_id=r.last_success_trajectory_id,
+        last_success_version=r.last_success_version,
+    )

@@ -87,6 +87,14 @@ def test_task_stats_follow_appends(log: DurableLog) -> None:
         4,
     )
     assert (by_task["other"].attempts, by_task["other"].successes) == (1, 0)
+    # one task's row alone, what a rollouter reads per visit
+    assert (
+        log.task_stat("run-a", "task-0") == s
+        and log.task_stat("run-a", "other") == by_task["other"]
+    )
+    assert (
+        log.task_stat("run-a", "never-tried") is None and log.task_stat("run-b", "task-0") is None
+    )
     assert log.recent_outcomes("run-a", "task-0", 2) == [0.0, 1.0]  # f, then c
 
 
