@@ -51,6 +51,7 @@ from dart_ray.envs.base import (
     invalid_step,
 )
 from dart_ray.envs.osworld_client import EmulatorPool, EnvProtocolError, OSWorldClient
+from dart_ray.envs.osworld_official import OSWorldEvaluator
 from dart_ray.envs.pyautogui_code import DONE, FAIL, WAIT, UnsafeAction, to_code
 from dart_ray.envs.taskfile import TaskFileError, check_task_id
 from dart_ray.records import Action, Observation, Task
@@ -77,6 +78,7 @@ class OSWorldEnv(Env):
         self.last_action: str | None = None
         self._done = False
         self._has_apps_endpoint = True
+        self._official: OSWorldEvaluator | None = None
 
     def _client(self, url: str) -> OSWorldClient:
         return OSWorldClient(url, self.token, self.options.request_timeout_s)
@@ -127,7 +129,21 @@ class OSWorldEnv(Env):
         if self.task is None:
             raise EnvInputError("evaluate before reset")
         self._check_apps(c)
-        return osworld_eval.evaluate(c, self.task.config.get("evaluator", {}), self.last_action)
+        evaluator = self.task.config.get("evaluator", {})
+        if self.options.evaluator == "osworld":  # postconfig, getters, metrics: all OSWorld's
+            screen = (self.config.screen_width, self.config.screen_height)
+            return self._osworld().evaluate(self.task, c.base, self.token, self.last_action, screen)
+        # OSWorld runs the evaluator's `postconfig` setup steps before its getters
+        for i, step in enumerate(evaluator.get("postconfig", [])):
+            self._setup_step(c, i, step)
+        return osworld_eval.evaluate(c, evaluator, self.last_action)
+
+    def _osworld(self) -> OSWorldEvaluator:
+        if self._official is None:
+            self._official = OSWorldEvaluator(
+                self.options.osworld_venv, self.options.osworld_cache_dir
+            )
+        return self._official
 
     def healthy(self) -> bool:
         if self.client is None:
@@ -139,6 +155,9 @@ class OSWorldEnv(Env):
             return False
 
     def close(self) -> None:
+        if self._official is not None:
+            self._official.close()
+            self._official = None
         if self.pool is not None and self.emulator is not None:
             try:
                 self.pool.stop(self.emulator)
@@ -270,6 +289,7 @@ class LocalDesktopEnv(OSWorldEnv):
         return ([self._proc.pid] if self._proc.poll() is None else []) + alive
 
     def close(self) -> None:
+        super().close()
         proc = self._proc
         if proc.poll() is None:
             self._remember_tree()
