@@ -29,15 +29,13 @@ import requests
 from PIL import Image
 
 from dart_ray.envs.desktop.spawn import spawn_server
+from tests.envs.osworld_venv import VENV, has_venv
 
-VENV = Path(__file__).resolve().parents[2] / ".venv-osworld"
 pytestmark = [
     pytest.mark.desktop,
     pytest.mark.osworld,
     pytest.mark.skipif(shutil.which("Xvfb") is None, reason="needs Xvfb (install-test-deps.sh)"),
-    pytest.mark.skipif(
-        not (VENV / "bin" / "python").exists(), reason="needs .venv-osworld (make osworld-venv)"
-    ),
+    has_venv,
 ]
 TOKEN = "osworld-controllers-test-token"
 

@@ -25,11 +25,8 @@ from dart_ray.envs.osworld_official import (
     read_answer,
 )
 from dart_ray.records import Task
+from tests.envs.osworld_venv import VENV, has_venv
 
-VENV = Path(__file__).resolve().parents[2] / ".venv-osworld"
-has_venv = pytest.mark.skipif(
-    not (VENV / "bin" / "python").exists(), reason="needs .venv-osworld (make osworld-venv)"
-)
 TOKEN = "fake-server-token"
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -18,15 +17,13 @@ from dart_ray.envs.osworld import LocalDesktopEnv
 from dart_ray.envs.osworld_official import OSWorldEvaluator
 from dart_ray.records import Task
 from tests.envs.desktop_demo import demo_actions
+from tests.envs.osworld_venv import VENV, has_venv
 
-VENV = Path(__file__).resolve().parents[2] / ".venv-osworld"
 pytestmark = [
     pytest.mark.desktop,
     pytest.mark.osworld,
     pytest.mark.skipif(shutil.which("Xvfb") is None, reason="needs Xvfb (install-test-deps.sh)"),
-    pytest.mark.skipif(
-        not (VENV / "bin" / "python").exists(), reason="needs .venv-osworld (make osworld-venv)"
-    ),
+    has_venv,
 ]
 CFG = EnvConfig(kind="desktop", screen_width=800, screen_height=600)
 
