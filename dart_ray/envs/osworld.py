@@ -12,7 +12,9 @@ Three ways to get a desktop, one Env:
 
 A task's `config` follows OSWorld's task files: `config` is a list of setup steps (`launch`,
 `execute`/`command`, `open`, `sleep`, `activate_window`, `close_window`, `upload_file`,
-`download`) and `evaluator` is getter/metric pairs (`dart_ray.envs.osworld_eval`). Actions
+`download`) and `evaluator` is getter/metric pairs, scored by ours (`dart_ray.envs.osworld_eval`)
+or, with `env.desktop.evaluator = "osworld"`, by OSWorld's own (`dart_ray.envs.osworld_official`,
+in its own venv). Actions
 become pyautogui code (`dart_ray.envs.pyautogui_code`, where model strings are only ever
 quoted); WAIT sleeps `env.wait_s`, DONE ends the episode, FAIL (UI-TARS `call_user`) ends it declaring the
 task infeasible. An action that cannot become code (an unknown key, a missing point, a `type`
