@@ -41,6 +41,17 @@ from urllib.parse import urlsplit
 # Packages the setup script leaves out, and the metrics that need them (the script says why).
 LEFT_OUT = {"easyocr": ["compare_image_text"], "librosa": ["compare_audios"]}
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+# Getters that fetch from the internet through a browser (Playwright) or Google's client,
+# where the request guard below cannot see them: refused before anything runs.
+BROWSER_ONLINE = {
+    "active_tab_info",
+    "googledrive_file",
+    "gotoRecreationPage_and_get_html_content",
+    "info_from_website",
+    "number_of_search_results",
+    "page_info",
+    "pdf_from_url",
+}
 
 
 class Offline(Exception):
@@ -87,6 +98,10 @@ class Network:
         self.token: str | None = None
         self.refused: list[str] = []
 
+    def allowed(self, host: str | None) -> bool:
+        """Loopback, or the server's machine (its VLC and Chrome ports are OSWorld's too)."""
+        return host in LOOPBACK or host == urlsplit(self.origin).hostname
+
     def install(self) -> None:
         import requests
 
@@ -100,7 +115,7 @@ class Network:
                     headers = dict(kw.pop("headers", None) or {})
                     headers["Authorization"] = f"Bearer {net.token}"
                     kw["headers"] = headers
-            elif parts.hostname not in LOOPBACK:
+            elif not net.allowed(parts.hostname):
                 net.refused.append(str(url))
                 raise Offline(f"{url} is outside this machine")
             return original(session, method, url, *a, **kw)
@@ -187,6 +202,13 @@ def evaluate(req: dict[str, Any], desktop_env: Any, net: Network) -> dict[str, A
     evaluator = req.get("evaluator")
     if not isinstance(evaluator, dict) or "func" not in evaluator:
         return {"error": f"task {task}: evaluator must be an object with 'func'", "kind": "input"}
+    online = sorted(set(_getter_names(evaluator)) & BROWSER_ONLINE)
+    if online:
+        return {
+            "error": f"task {task}: getter {online[0]!r} needs the internet (through a browser); "
+            "it cannot be scored offline",
+            "kind": "offline",
+        }
     url = urlsplit(str(req.get("server_url", "")))
     net.origin, net.token, net.refused = f"{url.scheme}://{url.netloc}", req.get("token"), []
     current: list[str] = ["postconfig"]

@@ -184,6 +184,10 @@ def test_a_getter_that_needs_the_internet_names_the_task_and_getter(
     evaluator = {"func": "exact_match", "result": _rule("x"), "expected": cloud}
     with pytest.raises(OSWorldEvaluatorError, match=r"task t-cloud: getter 'cloud_file' needs"):
         official.evaluate(_task(evaluator, "t-cloud"), fake_url, TOKEN, "DONE")
+    # through a browser: refused before anything runs
+    web = {"func": "exact_match", "result": {"type": "page_info", "url": "https://example.org"}}
+    with pytest.raises(OSWorldEvaluatorError, match=r"task t-web: getter 'page_info' needs the"):
+        official.evaluate(_task(web | {"expected": _rule({})}, "t-web"), fake_url, TOKEN, "DONE")
     # a file already in the task's cache folder is read, not downloaded
     (official.cache / "t-cached").mkdir()
     (official.cache / "t-cached" / "gold.txt").write_text("gold")
