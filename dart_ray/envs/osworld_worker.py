@@ -168,29 +168,37 @@ def _getter_names(evaluator: dict[str, Any]) -> list[str]:
     return names
 
 
-def _watch_getters(env: Any, net: Network, current: list[str]) -> None:
-    """Wrap the resolved getters so a refused request names the getter that made it."""
+def _watch(env: Any, current: list[str]) -> None:
+    """Wrap the resolved getters and metrics so that an error names the one that raised it
+    (`current` holds the label of the last one called)."""
 
-    def watch(getter: Any, name: str) -> Any:
-        if getter is None:
+    def watch(fn: Any, label: str) -> Any:
+        if fn is None:
             return None
 
-        def call(e: Any, config: Any) -> Any:
-            current[:] = [name]
-            return getter(e, config)
+        def call(*a: Any, **kw: Any) -> Any:
+            current[:] = [label]
+            return fn(*a, **kw)
 
         return call
 
-    for attr, key in (("result_getter", "result"), ("expected_getter", "expected")):
-        got, spec = getattr(env, attr, None), env.evaluator.get(key)
-        if isinstance(got, list) and isinstance(spec, list):
-            setattr(
-                env,
-                attr,
-                [watch(g, (s or {}).get("type", "?")) for g, s in zip(got, spec, strict=True)],
-            )
-        elif got is not None and isinstance(spec, dict):
-            setattr(env, attr, watch(got, spec.get("type", "?")))
+    def label(kind: str, spec: Any) -> str:
+        if kind == "getter":
+            spec = spec.get("type", "?") if isinstance(spec, dict) else "?"
+        return f"{kind} {str(spec)!r}"
+
+    ev = env.evaluator
+    funcs = ev["func"] if isinstance(ev["func"], list) else [ev["func"]]
+    parts = [("metric", funcs, "metric")]
+    parts += [(f"{k}_getter", ev.get(k), "getter") for k in ("result", "expected")]
+    for attr, spec, kind in parts:
+        got = getattr(env, attr, None)
+        if isinstance(got, list) and isinstance(spec, list):  # one per metric
+            labels = [label(kind, s) for s in spec]
+            setattr(env, attr, [watch(g, lb) for g, lb in zip(got, labels, strict=True)])
+        elif got is not None and not isinstance(got, list):  # a single metric
+            one = spec[0] if isinstance(spec, list) else spec
+            setattr(env, attr, watch(got, label(kind, one)))
 
 
 def evaluate(req: dict[str, Any], desktop_env: Any, net: Network) -> dict[str, Any]:
@@ -218,26 +226,25 @@ def evaluate(req: dict[str, Any], desktop_env: Any, net: Network) -> dict[str, A
         try:
             desktop_env._set_evaluator_info(env, {"evaluator": evaluator})
         except AttributeError as e:  # an unknown metric or getter name
-            return {"error": f"task {task}: OSWorld has no {e}", "kind": "input"}
-        _watch_getters(env, net, current)
-        score = desktop_env.evaluate(env)
+            return {"error": f"task {task}: unknown to OSWorld: {e}", "kind": "input"}
+        _watch(env, current)
+        score = float(desktop_env.evaluate(env))
     except Exception as e:  # the answer carries it to the caller, named
         if net.refused:
             return _offline(task, current[0], net)
-        where = current[0]
         tb = traceback.format_exc(limit=-3)
         return {
-            "error": f"task {task}: {where}: {type(e).__name__}: {e}\n{tb}",
+            "error": f"task {task}: {current[0]}: {type(e).__name__}: {e}\n{tb}",
             "kind": "evaluator",
         }
     if net.refused:  # a getter swallowed the refusal: its score would be a silent 0
         return _offline(task, current[0], net)
-    return {"score": float(score)}
+    return {"score": score}
 
 
 def _offline(task: str, getter: str, net: Network) -> dict[str, Any]:
     return {
-        "error": f"task {task}: getter {getter!r} needs the internet ({net.refused[0]}); "
+        "error": f"task {task}: {getter} needs the internet ({net.refused[0]}); "
         "offline, put its files in the task's cache folder (env.desktop.osworld_cache_dir)",
         "kind": "offline",
     }

@@ -204,13 +204,15 @@ def test_a_getter_that_needs_the_internet_names_the_task_and_getter(
 def test_unknown_metrics_and_failing_metrics_are_named(
     official: OSWorldEvaluator, fake_url: str
 ) -> None:
-    with pytest.raises(OSWorldEvaluatorError, match=r"task t2: OSWorld has no .*fuzzy_magic"):
+    with pytest.raises(OSWorldEvaluatorError, match=r"task t2: unknown to OSWorld: .*fuzzy_magic"):
         official.evaluate(
             _task({"func": "fuzzy_magic", "result": _rule(1)}, "t2"), fake_url, TOKEN, None
         )
     # OSWorld's exact_match with our old `match` rule: a KeyError inside its metric
     bad = {"func": "exact_match", "result": _rule("x"), "expected": _rule({"match": "x"})}
-    with pytest.raises(OSWorldEvaluatorError, match=r"task t3: .*KeyError: 'expected'"):
+    with pytest.raises(
+        OSWorldEvaluatorError, match=r"task t3: metric 'exact_match': KeyError: 'expected'"
+    ):
         official.evaluate(_task(bad, "t3"), fake_url, TOKEN, None)
     # the worker is still up and scores the next task
     assert official.evaluate(_task({"func": "infeasible"}), fake_url, TOKEN, "FAIL") == 1.0
