@@ -122,8 +122,8 @@ class OSWorldEvaluator:
         """OSWorld's score of the desktop's end state for `task` (0.0..1.0)."""
         line = request_line(task, server_url, token, last_action, self.cache / task.task_id, screen)
         with self._lock:
-            proc = self._started(task.task_id)
             try:
+                proc = self._started(task.task_id)
                 assert proc.stdin is not None
                 proc.stdin.write(line)
                 proc.stdin.flush()
@@ -152,8 +152,11 @@ class OSWorldEvaluator:
             cwd=self.cache,
         )
         ready = self._read_line(self.proc, task_id)
-        if json.loads(ready or "{}").get("ready") is not True:
-            raise OSWorldWorkerCrashed(f"task {task_id}: OSWorld's evaluator said {ready!r}")
+        if ready.strip() != '{"ready": true}':
+            raise OSWorldWorkerCrashed(
+                f"task {task_id}: OSWorld's evaluator did not start: {ready[:200]!r}; "
+                f"its last words: {self._tail()!r}"
+            )
         return self.proc
 
     def _read_line(self, proc: subprocess.Popen[str], task_id: str) -> str:

@@ -251,6 +251,19 @@ def test_a_worker_answering_outside_the_protocol_is_a_crash(tmp_path: Path) -> N
         ev.close()
 
 
+def test_a_worker_that_does_not_start_is_a_crash(tmp_path: Path) -> None:
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python").write_text("#!/bin/sh\necho 'ImportError: no desktop_env'\n")
+    (tmp_path / "bin" / "python").chmod(0o755)
+    ev = OSWorldEvaluator(tmp_path, tmp_path / "cache")
+    try:
+        with pytest.raises(OSWorldWorkerCrashed, match=r"task t7: .*did not start.*desktop_env"):
+            ev.evaluate(_task({"func": "infeasible"}, "t7"), "http://127.0.0.1:1", None, None)
+        assert ev.proc is None
+    finally:
+        ev.close()
+
+
 def test_answers_and_a_missing_venv() -> None:
     assert read_answer("t", '{"score": 1}') == 1.0
     with pytest.raises(OSWorldEvaluatorError, match="task t: getter 'cloud_file'"):
