@@ -17,8 +17,11 @@ the episode is retried). A crashed worker is started afresh on the next call.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -150,6 +153,7 @@ class OSWorldEvaluator:
             stderr=self.log,
             text=True,
             cwd=self.cache,
+            start_new_session=True,  # its own group: _kill reaches anything it started
         )
         ready = self._read_line(self.proc, task_id)
         if ready.strip() != '{"ready": true}':
@@ -169,7 +173,7 @@ class OSWorldEvaluator:
         if got and got[0]:
             return got[0]
         if reader.is_alive():
-            proc.kill()
+            _kill(proc)
             why = f"did not answer within {self.timeout_s:.0f} s"
         else:
             why = f"exited with {proc.wait()}"
@@ -186,8 +190,7 @@ class OSWorldEvaluator:
 
     def _stop(self) -> None:
         if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.kill()
+            _kill(self.proc)
             self.proc.wait()
             for pipe in (self.proc.stdin, self.proc.stdout):
                 if pipe is not None:
@@ -198,7 +201,19 @@ class OSWorldEvaluator:
             self.log = None
 
     def close(self) -> None:
+        """Stop the worker, also in the middle of an evaluation (which then fails as a crash):
+        EnvSession closes an env whose evaluate passed its deadline from another thread."""
+        if self.proc is not None:
+            _kill(self.proc)  # unblocks the evaluation holding the lock
         with self._lock:
             self._stop()
         if self._own_cache:
             shutil.rmtree(self.cache, ignore_errors=True)
+
+
+def _kill(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL the worker's process group (the worker and whatever it started, which may hold
+    its stdout open), while the worker is alive: once it is reaped its pid may be reused."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)

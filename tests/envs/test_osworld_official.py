@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -249,6 +250,26 @@ def test_a_worker_answering_outside_the_protocol_is_a_crash(tmp_path: Path) -> N
         assert ev.proc is None  # stopped; the next call starts a new one
     finally:
         ev.close()
+
+
+def test_close_stops_an_evaluation_in_flight(tmp_path: Path) -> None:
+    ev = OSWorldEvaluator(_fake_venv(tmp_path, "sleep 60"), tmp_path / "cache")
+    errors: list[Exception] = []
+
+    def evaluate() -> None:
+        try:
+            ev.evaluate(_task({"func": "infeasible"}, "t6"), "http://127.0.0.1:1", None, None)
+        except OSWorldWorkerCrashed as e:
+            errors.append(e)
+
+    t = threading.Thread(target=evaluate)
+    t.start()
+    time.sleep(1.0)  # the worker has the request and sleeps
+    t0 = time.monotonic()
+    ev.close()
+    t.join(10)
+    assert time.monotonic() - t0 < 5 and not t.is_alive()
+    assert len(errors) == 1 and "task t6" in str(errors[0])
 
 
 def test_a_worker_that_does_not_start_is_a_crash(tmp_path: Path) -> None:
