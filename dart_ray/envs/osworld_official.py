@@ -44,7 +44,7 @@ class OSWorldWorkerCrashed(EnvCrashed):
 
 def venv_python(venv: Path) -> Path:
     """The venv's interpreter; EnvInputError saying how to build it when it is missing."""
-    py = venv / "bin" / "python"
+    py = venv.absolute() / "bin" / "python"  # the worker runs in its cache folder
     if not py.exists():
         raise EnvInputError(
             f"OSWorld's evaluator needs its venv {venv} (missing): build it with "

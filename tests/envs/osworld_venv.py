@@ -10,7 +10,7 @@ import pytest
 
 VENV = Path(
     os.environ.get("DART_OSWORLD_VENV") or Path(__file__).resolve().parents[2] / ".venv-osworld"
-)
+).absolute()
 has_venv = pytest.mark.skipif(
     not (VENV / "bin" / "python").exists(),
     reason=f"needs OSWorld's venv {VENV} (make osworld-venv)",

@@ -221,7 +221,7 @@ def test_unknown_metrics_and_failing_metrics_are_named(
 
 def _fake_venv(tmp_path: Path, after_ready: str) -> Path:
     """A 'venv' whose python says ready, counts its starts, then does `after_ready`."""
-    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin").mkdir(parents=True)
     py = tmp_path / "bin" / "python"
     starts = tmp_path / "starts"
     py.write_text(
@@ -281,6 +281,19 @@ def test_a_worker_that_does_not_start_is_a_crash(tmp_path: Path) -> None:
         with pytest.raises(OSWorldWorkerCrashed, match=r"task t7: .*did not start.*desktop_env"):
             ev.evaluate(_task({"func": "infeasible"}, "t7"), "http://127.0.0.1:1", None, None)
         assert ev.proc is None
+    finally:
+        ev.close()
+
+
+def test_a_relative_venv_works_from_the_workers_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    venv = _fake_venv(tmp_path / "v", "echo '{\"score\": 0.5}'")
+    monkeypatch.chdir(tmp_path)
+    ev = OSWorldEvaluator(Path("v"), tmp_path / "cache")  # the worker runs in cache/
+    try:
+        assert ev.python == venv / "bin" / "python"
+        assert ev.evaluate(_task({"func": "infeasible"}), "http://127.0.0.1:1", None, None) == 0.5
     finally:
         ev.close()
 
