@@ -127,7 +127,11 @@ class OSWorldEvaluator:
         with self._lock:
             try:
                 proc = self._started(task.task_id)
-                assert proc.stdin is not None
+                assert proc.stdin is not None and self.log is not None
+                # only this evaluation's output is kept: OSWorld's metrics print what they
+                # compare (whole accessibility trees), which would fill the disk over a run
+                self.log.seek(0)
+                self.log.truncate()
                 proc.stdin.write(line)
                 proc.stdin.flush()
                 answer = self._read_line(proc, task.task_id)

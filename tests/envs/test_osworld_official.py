@@ -242,6 +242,18 @@ def test_a_worker_that_dies_is_named_and_restarted(tmp_path: Path) -> None:
         ev.close()
 
 
+def test_the_workers_log_holds_only_the_last_evaluation(tmp_path: Path) -> None:
+    body = 'while read line; do echo "said $line" >&2; echo \'{"score": 1}\'; done'
+    ev = OSWorldEvaluator(_fake_venv(tmp_path, f"echo '{{\"score\": 1}}'\n{body}"), tmp_path)
+    try:
+        for task_id in ("first", "second", "third"):
+            ev.evaluate(_task({"func": "infeasible"}, task_id), "http://127.0.0.1:1", None, None)
+        tail = ev._tail()
+        assert "third" in tail and "second" not in tail, tail
+    finally:
+        ev.close()
+
+
 def test_a_worker_answering_outside_the_protocol_is_a_crash(tmp_path: Path) -> None:
     ev = OSWorldEvaluator(_fake_venv(tmp_path, "echo 'not json'; sleep 5"), tmp_path / "cache")
     try:
