@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from dart_ray.envs.base import EnvInputError
 from dart_ray.envs.osworld_eval import (
+    GETTERS,
     check_include_exclude,
     evaluate,
     exact_match,
@@ -75,3 +79,24 @@ def test_unknown_parts_are_named() -> None:
         )
     with pytest.raises(EnvInputError, match="differ in length"):
         evaluate(c, {"func": ["exact_match"], "result": []}, None)  # type: ignore[arg-type]
+
+
+class _Files:
+    """A desktop with one file, `~/a.txt`, and one folder listing."""
+
+    def file(self, path: str) -> bytes | None:
+        return b"text" if path == "~/a.txt" else None
+
+    def list_directory(self, path: str) -> dict[str, object]:
+        return {"name": "home", "type": "directory", "children": [{"name": "a.txt"}]}
+
+
+def test_getters_return_what_osworlds_return() -> None:
+    with tempfile.TemporaryDirectory() as d:
+        # vm_file: the path of a local copy (metrics that compare files open it), None if absent
+        local = GETTERS["vm_file"](_Files(), {"path": "~/a.txt"}, Path(d))  # type: ignore[arg-type]
+        assert Path(local).read_bytes() == b"text" and Path(local).parent == Path(d)
+        assert GETTERS["vm_file"](_Files(), {"path": "~/b.txt"}, Path(d)) is None  # type: ignore[arg-type]
+        # list_directory: the tree as the server sends it, not flattened
+        tree = GETTERS["list_directory"](_Files(), {"path": "~"}, Path(d))  # type: ignore[arg-type]
+        assert tree["children"] == [{"name": "a.txt"}]
