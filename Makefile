@@ -31,7 +31,7 @@ VLLM_PYTEST_ARGS ?= -m vllm tests/engines tests/serve_apps
 OSWORLD_VENV ?= .venv-osworld
 OSWORLD_PYTEST_ARGS ?= -m osworld tests/envs
 
-.PHONY: run test test-learning test-fault-schedule test-vllm vllm-venv osworld-venv test-osworld gpu-check lint install clean
+.PHONY: run test test-learning test-fault-schedule test-vllm vllm-venv gpu-check lint install clean
 
 install: $(STAMP)
 
@@ -74,6 +74,7 @@ vllm-venv:
 test-vllm: vllm-venv
 	$(VLLM_VENV)/bin/python -m pytest $(VLLM_PYTEST_ARGS)
 
+.PHONY: osworld-venv test-osworld
 osworld-venv:
 	bash scripts/setup-osworld-venv.sh $(OSWORLD_VENV)
 
