@@ -149,7 +149,8 @@ class OSWorldEvaluator:
         if self.proc is not None and self.proc.poll() is None:
             return self.proc
         self._stop()
-        self.log = tempfile.TemporaryFile("w+")  # noqa: SIM115  (kept open: the crash reports read it)
+        # the worker's stderr, kept open for crash reports
+        self.log = tempfile.TemporaryFile("w+")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [str(self.python), str(WORKER)],
             stdin=subprocess.PIPE,
@@ -169,9 +170,10 @@ class OSWorldEvaluator:
 
     def _read_line(self, proc: subprocess.Popen[str], task_id: str) -> str:
         """One line from the worker, within timeout_s; a crash report naming the task if not."""
-        assert proc.stdout is not None
+        out = proc.stdout
+        assert out is not None
         got: list[str] = []
-        reader = threading.Thread(target=lambda: got.append(proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        reader = threading.Thread(target=lambda: got.append(out.readline()), daemon=True)
         reader.start()
         reader.join(self.timeout_s)
         if got and got[0]:
