@@ -10,8 +10,8 @@
 # Left out, because they pull torch or a numerics stack no metric of the desktop suite needs:
 #   easyocr  (torch)            -> metric compare_image_text (docs)
 #   librosa  (numba, llvmlite)  -> metric compare_audios (vlc)
-# `dart_ray.envs.osworld_worker` puts a stand-in module in their place that raises, naming
-# the metric's missing package, only when such a metric runs (docs/ENVIRONMENTS.md).
+# dart_ray/envs/osworld_worker.py puts a stand-in module in their place so the metrics import,
+# and refuses a task naming one of those metrics, naming the package (docs/ENVIRONMENTS.md).
 # Playwright is installed as a package but without its browser download (nothing outside the
 # registries can be fetched): the Chrome getters that drive a browser through CDP fail there.
 #

@@ -7,7 +7,8 @@ writes one JSON request a line on stdin and reads one JSON answer a line from st
     -> {"task_id": "t1", "evaluator": {...}, "server_url": "http://127.0.0.1:PORT",
         "token": "..." | null, "last_action": "DONE" | "FAIL" | "code" | null,
         "cache_dir": "/tmp/..."}
-    <- {"score": 1.0}  |  {"error": "task t1: ...", "kind": "offline" | "evaluator" | "input"}
+    <- {"score": 1.0}  |  {"error": "task t1: ...", "kind": "offline" | "unavailable" |
+                                                      "evaluator" | "input"}
 
 The score is `DesktopEnv.evaluate` itself, called on a stand-in object that carries what
 OSWorld's getters read (`controller`: OSWorld's PythonController on the server,
@@ -19,10 +20,12 @@ infeasible tasks, FAIL, `conj`, `options` and getters raising.
 Three things OSWorld's client does not do, added here around it rather than in it:
 - Authentication: OSWorld's controllers call `requests` with no credentials; every request to
   the server's own origin gets `Authorization: Bearer <token>`, and no other request does.
-- Offline: a request to any host but the server's (and loopback) is refused. Getters catch
+- Offline: a request to any machine but the server's (and loopback) is refused. Getters catch
   errors widely and would turn that into a silent 0, so the refusal is remembered and the
   answer becomes an `offline` error naming the task, the getter and the URL.
 - stdout: metrics `print()`; the protocol has its own copy of stdout and fd 1 goes to stderr.
+A metric whose package the venv leaves out is refused up front, naming the task, the metric
+and the package: those metrics catch every error and would score a silent 0.
 """
 
 from __future__ import annotations
@@ -201,7 +204,9 @@ def _watch(env: Any, current: list[str]) -> None:
             setattr(env, attr, watch(got, label(kind, one)))
 
 
-def evaluate(req: dict[str, Any], desktop_env: Any, net: Network) -> dict[str, Any]:
+def evaluate(
+    req: dict[str, Any], desktop_env: Any, net: Network, unavailable: list[str]
+) -> dict[str, Any]:
     """One answer: the score, or an error that names the task."""
     from desktop_env.controllers.python import PythonController
     from desktop_env.controllers.setup import SetupController
@@ -210,6 +215,15 @@ def evaluate(req: dict[str, Any], desktop_env: Any, net: Network) -> dict[str, A
     evaluator = req.get("evaluator")
     if not isinstance(evaluator, dict) or "func" not in evaluator:
         return {"error": f"task {task}: evaluator must be an object with 'func'", "kind": "input"}
+    funcs = evaluator["func"] if isinstance(evaluator["func"], list) else [evaluator["func"]]
+    missing = [f for f in funcs if f in unavailable]
+    if missing:
+        package = next(p for p, ms in LEFT_OUT.items() if missing[0] in ms)
+        return {
+            "error": f"task {task}: metric {missing[0]!r} needs {package}, which the OSWorld "
+            "venv leaves out (it pulls torch or numba)",
+            "kind": "unavailable",
+        }
     online = sorted(set(_getter_names(evaluator)) & BROWSER_ONLINE)
     if online:
         return {
@@ -251,7 +265,7 @@ def _offline(task: str, getter: str, net: Network) -> dict[str, Any]:
 
 
 def serve(out: Any) -> None:
-    desktop_env, _ = import_desktop_env()
+    desktop_env, unavailable = import_desktop_env()
     net = Network()
     net.install()
     out.write(json.dumps({"ready": True}) + "\n")
@@ -264,7 +278,7 @@ def serve(out: Any) -> None:
         except ValueError as e:
             answer: dict[str, Any] = {"error": f"bad request line: {e}", "kind": "input"}
         else:
-            answer = evaluate(req, desktop_env, net)
+            answer = evaluate(req, desktop_env, net, unavailable)
         out.write(json.dumps(answer) + "\n")
         out.flush()
 

@@ -215,6 +215,12 @@ def test_unknown_metrics_and_failing_metrics_are_named(
         OSWorldEvaluatorError, match=r"task t3: metric 'exact_match': KeyError: 'expected'"
     ):
         official.evaluate(_task(bad, "t3"), fake_url, TOKEN, None)
+    # a metric whose package the venv leaves out (it would catch the ImportError: a silent 0)
+    audio = {"func": "compare_audios", "result": _rule("a.mp3"), "expected": _rule("b.mp3")}
+    with pytest.raises(
+        OSWorldEvaluatorError, match=r"task t4: metric 'compare_audios' needs librosa"
+    ):
+        official.evaluate(_task(audio, "t4"), fake_url, TOKEN, None)
     # the worker is still up and scores the next task
     assert official.evaluate(_task({"func": "infeasible"}), fake_url, TOKEN, "FAIL") == 1.0
 
