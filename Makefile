@@ -28,6 +28,10 @@ ARGS ?=
 VLLM_VENV ?= .venv-vllm
 TEST_VLLM ?= 1
 VLLM_PYTEST_ARGS ?= -m vllm tests/engines tests/serve_apps
+# OSWorld's own evaluators (PyPI desktop-env) run in a third venv (scripts/setup-osworld-venv.sh
+# says why). Their tests (marker `osworld`) skip without it; `make test-osworld` builds it first.
+OSWORLD_VENV ?= .venv-osworld
+OSWORLD_PYTEST_ARGS ?= -m osworld tests/envs
 
 .PHONY: run test test-learning test-fault-schedule test-bench test-vllm vllm-venv gpu-check lint install clean
 
@@ -79,5 +83,14 @@ test-bench: $(STAMP)
 test-vllm: vllm-venv
 	$(VLLM_VENV)/bin/python -m pytest $(VLLM_PYTEST_ARGS)
 
+.PHONY: osworld-venv test-osworld
+osworld-venv:
+	bash scripts/setup-osworld-venv.sh $(OSWORLD_VENV)
+
+# the tests run in the main venv; OSWorld's code runs in $(OSWORLD_VENV) as their child
+test-osworld: $(STAMP) osworld-venv
+	bash scripts/install-test-deps.sh
+	DART_OSWORLD_VENV=$(OSWORLD_VENV) $(VENV)/bin/pytest $(OSWORLD_PYTEST_ARGS)
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(OSWORLD_VENV) runs .pytest_cache .ruff_cache

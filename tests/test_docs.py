@@ -244,6 +244,15 @@ HOW: dict[str, How] = {
     r"make gpu-check|scripts/gpu-check\.sh( --dry-run)?( \S+)?": How(
         "check", _covered("tests/test_gpu_check.py::test_the_dry_run_passes_every_step")
     ),
+    r"make osworld-venv": How(
+        "check", _covered("tests/envs/test_osworld_official.py::test_osworld_semantics")
+    ),
+    r"make test-osworld": How(
+        "check",
+        _covered(
+            "tests/envs/test_osworld_official_desktop.py::test_ours_and_osworlds_agree_on_the_suite"
+        ),
+    ),
     r"make test-learning": How(
         "check", _covered("tests/test_learning.py::test_rl_lifts_heldout_success_by_15_points")
     ),

@@ -70,6 +70,18 @@ class DesktopOptions(Section):
     """Put the accessibility tree (`/accessibility`) into every observation."""
     settle_s: float = Field(default=0.3, ge=0)
     """Pause after each action before the screenshot, for the application to redraw."""
+    evaluator: Literal["ours", "osworld"] = "ours"
+    """Who scores an episode's end state. `ours`: `dart_ray.envs.osworld_eval`, in this
+    process, the getters and metrics our desktop tasks use. `osworld`: OSWorld's own
+    `DesktopEnv.evaluate` with its getters and metrics (PyPI `desktop-env`), run in a worker
+    process of `osworld_venv` (`make osworld-venv`) through OSWorld's own client; every
+    metric of OSWorld's 369 tasks, less those the venv leaves out (docs/ENVIRONMENTS.md)."""
+    osworld_venv: Path = Path(".venv-osworld")
+    """The venv OSWorld's evaluator runs in (`scripts/setup-osworld-venv.sh` builds it)."""
+    osworld_cache_dir: Path | None = None
+    """OSWorld's cache folder (`<dir>/<task id>/<file>`): files a task's `cloud_file` getter
+    names that are already here are read instead of downloaded, so such tasks score offline.
+    Unset: a temporary folder per env; those tasks then fail, naming the task and getter."""
 
 
 class EnvConfig(Section):

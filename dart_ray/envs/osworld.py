@@ -12,7 +12,9 @@ Three ways to get a desktop, one Env:
 
 A task's `config` follows OSWorld's task files: `config` is a list of setup steps (`launch`,
 `execute`/`command`, `open`, `sleep`, `activate_window`, `close_window`, `upload_file`,
-`download`) and `evaluator` is getter/metric pairs (`dart_ray.envs.osworld_eval`). Actions
+`download`) and `evaluator` is getter/metric pairs, scored by ours (`dart_ray.envs.osworld_eval`)
+or, with `env.desktop.evaluator = "osworld"`, by OSWorld's own (`dart_ray.envs.osworld_official`,
+in its own venv). Actions
 become pyautogui code (`dart_ray.envs.pyautogui_code`, where model strings are only ever
 quoted); WAIT sleeps `env.wait_s`, DONE ends the episode, FAIL (UI-TARS `call_user`) ends it declaring the
 task infeasible. An action that cannot become code (an unknown key, a missing point, a `type`
@@ -51,6 +53,7 @@ from dart_ray.envs.base import (
     invalid_step,
 )
 from dart_ray.envs.osworld_client import EmulatorPool, EnvProtocolError, OSWorldClient
+from dart_ray.envs.osworld_official import OSWorldEvaluator
 from dart_ray.envs.pyautogui_code import DONE, FAIL, WAIT, UnsafeAction, to_code
 from dart_ray.envs.taskfile import TaskFileError, check_task_id
 from dart_ray.records import Action, Observation, Task
@@ -77,6 +80,7 @@ class OSWorldEnv(Env):
         self.last_action: str | None = None
         self._done = False
         self._has_apps_endpoint = True
+        self._official: OSWorldEvaluator | None = None
 
     def _client(self, url: str) -> OSWorldClient:
         return OSWorldClient(url, self.token, self.options.request_timeout_s)
@@ -127,7 +131,21 @@ class OSWorldEnv(Env):
         if self.task is None:
             raise EnvInputError("evaluate before reset")
         self._check_apps(c)
-        return osworld_eval.evaluate(c, self.task.config.get("evaluator", {}), self.last_action)
+        evaluator = self.task.config.get("evaluator", {})
+        if self.options.evaluator == "osworld":  # postconfig, getters, metrics: all OSWorld's
+            screen = (self.config.screen_width, self.config.screen_height)
+            return self._osworld().evaluate(self.task, c.base, self.token, self.last_action, screen)
+        # OSWorld runs the evaluator's `postconfig` setup steps before its getters
+        for i, step in enumerate(evaluator.get("postconfig", [])):
+            self._setup_step(c, i, step)
+        return osworld_eval.evaluate(c, evaluator, self.last_action)
+
+    def _osworld(self) -> OSWorldEvaluator:
+        if self._official is None:
+            self._official = OSWorldEvaluator(
+                self.options.osworld_venv, self.options.osworld_cache_dir
+            )
+        return self._official
 
     def healthy(self) -> bool:
         if self.client is None:
@@ -139,6 +157,9 @@ class OSWorldEnv(Env):
             return False
 
     def close(self) -> None:
+        if self._official is not None:
+            self._official.close()
+            self._official = None
         if self.pool is not None and self.emulator is not None:
             try:
                 self.pool.stop(self.emulator)
@@ -270,6 +291,7 @@ class LocalDesktopEnv(OSWorldEnv):
         return ([self._proc.pid] if self._proc.poll() is None else []) + alive
 
     def close(self) -> None:
+        super().close()
         proc = self._proc
         if proc.poll() is None:
             self._remember_tree()

@@ -1,22 +1,29 @@
 """OSWorld-style evaluation: a getter fetches the real end state, a metric scores it.
 
 A task's `evaluator` names `func` (a metric, or a list of them joined by `conj`), `result` (a
-getter, or a list) and optionally `expected` (a getter, usually `rule`) and `options`:
+getter, or a list) and optionally `expected` (a getter, usually `rule`), `options` and
+`postconfig` (setup steps run before the getters, by the env):
 
     {"func": "check_include_exclude",
-     "result": {"type": "vm_file", "path": "~/notes.txt"},
+     "result": {"type": "vm_command_line", "command": "cat ~/notes.txt", "shell": true},
      "expected": {"type": "rule", "rules": {"include": ["hello"], "exclude": []}}}
 
-We implement the getters and metrics our desktop tasks use, under OSWorld's names where
-OSWorld has one (`vm_file`, `vm_command_line`, `accessibility_tree`, `rule`, `exact_match`,
-`check_include_exclude`, `is_in_list`, `infeasible`), plus `window_titles`, `list_directory`
-and `terminal_output`. An unknown getter or metric is an input error naming it, never a 0.
+We implement the getters and metrics our desktop tasks use, under OSWorld's names and with
+its semantics (`vm_file` gives the path of a local copy, `list_directory` the directory tree,
+`exact_match` compares with `rules["expected"]` exactly): `vm_file`, `vm_command_line`,
+`vm_terminal_output`, `accessibility_tree`, `list_directory`, `rule`, `exact_match`,
+`check_include_exclude`, `is_in_list`, `infeasible`; plus `window_titles`, which OSWorld lacks.
+`tests/envs/test_osworld_official.py` checks that OSWorld's own evaluator
+(`dart_ray.envs.osworld_official`) scores our desktop suite the same. An unknown getter or
+metric is an input error naming it, never a 0.
 """
 
 from __future__ import annotations
 
+import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dart_ray.envs.base import EnvInputError
@@ -25,8 +32,15 @@ if TYPE_CHECKING:
     from dart_ray.envs.osworld_client import OSWorldClient
 
 
-def _text(b: bytes | None) -> str | None:
-    return None if b is None else b.decode("utf-8", "replace")
+def _local_copy(c: OSWorldClient, path: str, cache: Path) -> str | None:
+    """OSWorld's `vm_file`: the file fetched into the evaluation's cache folder, as a path
+    (None when the desktop has no such file)."""
+    data = c.file(path)
+    if data is None:
+        return None
+    local = cache / Path(path).name
+    local.write_bytes(data)
+    return str(local)
 
 
 def _titles(c: OSWorldClient) -> list[str]:
@@ -34,38 +48,24 @@ def _titles(c: OSWorldClient) -> list[str]:
     return [w.get("name", "") for w in root.iter("window")]
 
 
-def _names(tree: dict[str, Any] | None, prefix: str = "") -> list[str]:
-    """Paths of every entry of a `list_directory` tree, relative to its root."""
-    if not tree:
-        return []
-    out = []
-    for ch in tree.get("children", []):
-        path = f"{prefix}{ch['name']}"
-        out.append(path)
-        if ch.get("type") == "directory":
-            out += _names(ch, path + "/")
-    return out
-
-
-GETTERS: dict[str, Callable[[OSWorldClient, dict[str, Any]], Any]] = {
-    "vm_file": lambda c, g: _text(c.file(g["path"])),
-    "vm_command_line": lambda c, g: c.execute(g["command"], bool(g.get("shell", False)))["output"],
-    "accessibility_tree": lambda c, g: c.accessibility(),
-    "window_titles": lambda c, g: _titles(c),
-    "list_directory": lambda c, g: _names(c.list_directory(g["path"])),
-    "terminal_output": lambda c, g: c.terminal(),
-    "rule": lambda c, g: g["rules"],
+GETTERS: dict[str, Callable[[OSWorldClient, dict[str, Any], Path], Any]] = {
+    "vm_file": lambda c, g, cache: _local_copy(c, g["path"], cache),
+    "vm_command_line": lambda c, g, cache: c.execute(g["command"], bool(g.get("shell", False)))[
+        "output"
+    ],
+    "vm_terminal_output": lambda c, g, cache: c.terminal(),
+    "accessibility_tree": lambda c, g, cache: c.accessibility(),
+    "list_directory": lambda c, g, cache: c.list_directory(g["path"]),
+    "window_titles": lambda c, g, cache: _titles(c),
+    "rule": lambda c, g, cache: g["rules"],
 }
 
 
-def exact_match(result: Any, rules: dict[str, Any], strip: bool = True) -> float:
-    """1 if the result equals `rules["match"]` (strings compared stripped by default)."""
-    if result is None:
-        return 0.0
-    want = rules["match"]
-    if strip and isinstance(result, str) and isinstance(want, str):
-        return float(result.strip() == want.strip())
-    return float(result == want)
+def exact_match(result: Any, rules: dict[str, Any]) -> float:
+    """1 if the result equals `rules["expected"]` exactly (OSWorld's: no stripping)."""
+    if "expected" not in rules:
+        raise EnvInputError(f"exact_match: rules need 'expected' (got {sorted(rules)})")
+    return float(result == rules["expected"])
 
 
 def check_include_exclude(result: Any, rules: dict[str, Any]) -> float:
@@ -94,7 +94,15 @@ def _as_list(x: Any) -> list[Any]:
 
 
 def evaluate(client: OSWorldClient, evaluator: dict[str, Any], last_action: str | None) -> float:
-    """Score the end state with the task's evaluator (0.0..1.0)."""
+    """Score the end state with the task's evaluator (0.0..1.0); files that getters fetch
+    live in a temporary folder for the evaluation."""
+    with tempfile.TemporaryDirectory(prefix="dart-eval-") as cache:
+        return _evaluate(client, evaluator, last_action, Path(cache))
+
+
+def _evaluate(
+    client: OSWorldClient, evaluator: dict[str, Any], last_action: str | None, cache: Path
+) -> float:
     funcs = _as_list(evaluator.get("func"))
     if funcs == ["infeasible"]:  # the task cannot be done; only saying so (FAIL) is right
         return float(last_action == "FAIL")
@@ -109,8 +117,8 @@ def evaluate(client: OSWorldClient, evaluator: dict[str, Any], last_action: str 
     for func, res, exp, opt in zip(funcs, results, expected, options, strict=True):
         if func not in METRICS:
             raise EnvInputError(f"evaluator: unknown metric {func!r}; known: {sorted(METRICS)}")
-        got = _get(client, res)
-        want = _get(client, exp) if exp is not None else None
+        got = _get(client, res, cache)
+        want = _get(client, exp, cache) if exp is not None else None
         score = METRICS[func](got, want, **(opt or {})) if want is not None else METRICS[func](got)
         scores.append(score)
         if evaluator.get("conj", "and") == "and" and score == 0.0:
@@ -120,11 +128,11 @@ def evaluate(client: OSWorldClient, evaluator: dict[str, Any], last_action: str 
     return sum(scores) / len(scores)
 
 
-def _get(client: OSWorldClient, getter: dict[str, Any]) -> Any:
+def _get(client: OSWorldClient, getter: dict[str, Any], cache: Path) -> Any:
     if not isinstance(getter, dict) or getter.get("type") not in GETTERS:
         kind = getter.get("type") if isinstance(getter, dict) else getter
         raise EnvInputError(f"evaluator: unknown getter {kind!r}; known: {sorted(GETTERS)}")
     try:
-        return GETTERS[getter["type"]](client, getter)
+        return GETTERS[getter["type"]](client, getter, cache)
     except KeyError as e:
         raise EnvInputError(f"evaluator: getter {getter['type']!r} needs {e}") from None

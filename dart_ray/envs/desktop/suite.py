@@ -3,9 +3,11 @@
 Each task has OSWorld's fields (`id`, `instruction`, `config` setup steps, `evaluator`) and a
 `demo`: a scripted solution in a tiny language (`focus` a window by title, `type` text, press a
 `hotkey`, `call_user`) that tests and warm-start demonstrations turn into UI-TARS actions.
-Every evaluator checks real state: file contents (`vm_file`), directory listings, command
-output, or the window titles in the accessibility tree (an editor title without `*` means the
-file is saved). `load_desktop_tasks()` gives them as dart-ray Tasks; `python -m
+Every evaluator checks real state: file contents and directory listings (through
+`vm_command_line`), or the window titles in the accessibility tree (an editor title without
+`*` means the file is saved). They use only getters and metrics that OSWorld has, with its
+semantics, so OSWorld's own evaluator scores them as ours does
+(`tests/envs/test_osworld_official.py`). `load_desktop_tasks()` gives them as dart-ray Tasks; `python -m
 dart_ray.envs.desktop.suite` prints them as JSONL.
 """
 
@@ -34,12 +36,19 @@ def _rule(func: str, result: dict[str, Any], **rules: Any) -> dict[str, Any]:
     return {"func": func, "result": result, "expected": {"type": "rule", "rules": rules}}
 
 
-def _ls(path: str = "~") -> dict[str, Any]:
-    return {"type": "list_directory", "path": path}
+def _shell(command: str) -> dict[str, Any]:
+    return {"type": "vm_command_line", "command": command, "shell": True}
+
+
+def _ls() -> dict[str, Any]:
+    """Every path under the home folder, one `[relative/path]` a line: brackets make
+    `photo.png` and `Pictures/photo.png` different substrings."""
+    return _shell("cd ~ && find . -mindepth 1 -printf '[%P]\\n' | sort")
 
 
 def _cat(path: str) -> dict[str, Any]:
-    return {"type": "vm_file", "path": path}
+    """The file's text without trailing newlines ("" when it is missing)."""
+    return _shell(f'printf %s "$(cat {path})"')
 
 
 def _sh(line: str) -> list[dict[str, str]]:
@@ -52,7 +61,7 @@ TASKS: list[dict[str, Any]] = [
         "instruction": "Using the terminal, create a file named hello.txt in your home folder "
         "that contains the text 'hello world'.",
         "config": TERM,
-        "evaluator": _rule("exact_match", _cat("~/hello.txt"), match="hello world"),
+        "evaluator": _rule("exact_match", _cat("~/hello.txt"), expected="hello world"),
         "demo": _sh("echo 'hello world' > ~/hello.txt"),
     },
     {
@@ -60,13 +69,7 @@ TASKS: list[dict[str, Any]] = [
         "instruction": "Create a folder named projects in your home folder.",
         "config": TERM,
         "evaluator": _rule(
-            "exact_match",
-            {
-                "type": "vm_command_line",
-                "command": "test -d ~/projects && echo yes || echo no",
-                "shell": True,
-            },
-            match="yes",
+            "exact_match", _shell("test -d ~/projects && printf yes || printf no"), expected="yes"
         ),
         "demo": _sh("mkdir ~/projects"),
     },
@@ -75,7 +78,7 @@ TASKS: list[dict[str, Any]] = [
         "instruction": "Rename the file draft.txt in your home folder to final.txt.",
         "config": [_file("~/draft.txt", "v1\n"), *TERM],
         "evaluator": _rule(
-            "check_include_exclude", _ls(), include=["final.txt"], exclude=["draft.txt"]
+            "check_include_exclude", _ls(), include=["[final.txt]"], exclude=["[draft.txt]"]
         ),
         "demo": _sh("mv ~/draft.txt ~/final.txt"),
     },
@@ -84,7 +87,7 @@ TASKS: list[dict[str, Any]] = [
         "instruction": "Delete junk.log from your home folder; keep every other file.",
         "config": [_file("~/junk.log", "x\n"), _file("~/keep.txt", "y\n"), *TERM],
         "evaluator": _rule(
-            "check_include_exclude", _ls(), include=["keep.txt"], exclude=["junk.log"]
+            "check_include_exclude", _ls(), include=["[keep.txt]"], exclude=["[junk.log]"]
         ),
         "demo": _sh("rm ~/junk.log"),
     },
@@ -92,14 +95,14 @@ TASKS: list[dict[str, Any]] = [
         "id": "term-copy",
         "instruction": "Copy report.txt from your home folder into the Documents folder.",
         "config": [_file("~/report.txt", "Q3 numbers\n"), *TERM],
-        "evaluator": _rule("exact_match", _cat("~/Documents/report.txt"), match="Q3 numbers"),
+        "evaluator": _rule("exact_match", _cat("~/Documents/report.txt"), expected="Q3 numbers"),
         "demo": _sh("cp ~/report.txt ~/Documents/"),
     },
     {
         "id": "term-append",
         "instruction": "Add a line saying 'call mom' at the end of todo.txt in your home folder.",
         "config": [_file("~/todo.txt", "buy milk\n"), *TERM],
-        "evaluator": _rule("exact_match", _cat("~/todo.txt"), match="buy milk\ncall mom"),
+        "evaluator": _rule("exact_match", _cat("~/todo.txt"), expected="buy milk\ncall mom"),
         "demo": _sh("echo 'call mom' >> ~/todo.txt"),
     },
     {
@@ -108,7 +111,10 @@ TASKS: list[dict[str, Any]] = [
         "photo.png into it.",
         "config": [_file("~/photo.png", "not really a png\n"), *TERM],
         "evaluator": _rule(
-            "check_include_exclude", _ls(), include=["Pictures/photo.png"], exclude=["photo.png"]
+            "check_include_exclude",
+            _ls(),
+            include=["[Pictures/photo.png]"],
+            exclude=["[photo.png]"],
         ),
         "demo": _sh("mkdir ~/Pictures && mv ~/photo.png ~/Pictures/"),
     },
@@ -118,9 +124,9 @@ TASKS: list[dict[str, Any]] = [
         "config": [_file("~/notes.txt", ""), _open("~/notes.txt")],
         "evaluator": {
             "func": ["exact_match", "check_include_exclude"],
-            "result": [_cat("~/notes.txt"), {"type": "window_titles"}],
+            "result": [_cat("~/notes.txt"), {"type": "accessibility_tree"}],
             "expected": [
-                {"type": "rule", "rules": {"match": "meeting at noon"}},
+                {"type": "rule", "rules": {"expected": "meeting at noon"}},
                 {"type": "rule", "rules": {"exclude": ["*notes.txt - Mousepad"]}},
             ],
             "conj": "and",
@@ -132,7 +138,7 @@ TASKS: list[dict[str, Any]] = [
         "instruction": "In the text editor, change the text so that it reads 'color: blue' "
         "instead of 'color: red', and save.",
         "config": [_file("~/style.txt", "color: red"), _open("~/style.txt")],
-        "evaluator": _rule("exact_match", _cat("~/style.txt"), match="color: blue"),
+        "evaluator": _rule("exact_match", _cat("~/style.txt"), expected="color: blue"),
         "demo": [
             {"focus": "style.txt"},
             {"hotkey": "ctrl a"},
@@ -156,7 +162,7 @@ TASKS: list[dict[str, Any]] = [
         "instruction": "Add a second line 'second' below the first line of list.txt, which is open "
         "in the editor, and save it.",
         "config": [_file("~/list.txt", "first"), _open("~/list.txt")],
-        "evaluator": _rule("exact_match", _cat("~/list.txt"), match="first\nsecond"),
+        "evaluator": _rule("exact_match", _cat("~/list.txt"), expected="first\nsecond"),
         "demo": [
             {"focus": "list.txt"},
             {"hotkey": "ctrl end"},

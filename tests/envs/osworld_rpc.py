@@ -1,0 +1,63 @@
+"""Run in .venv-osworld: calls OSWorld's own PythonController and SetupController on our
+server for `tests/envs/test_osworld_controllers.py`, one JSON call a line on stdin:
+
+    -> {"obj": "controller" | "setup", "method": "get_screenshot", "args": [...], "kwargs": {}}
+    <- {"value": <JSON>} | {"bytes": "<base64>"} | {"raised": "TypeName: message"}
+
+The server's address comes in OSW_URL and its bearer token in OSW_TOKEN (environment, not the
+command line); the worker's `Network` adds the token to the requests OSWorld's client makes.
+Imports only the standard library, desktop_env and `dart_ray/envs/osworld_worker.py`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "dart_ray" / "envs"))
+import osworld_worker  # after its folder is on the path
+
+
+def main() -> None:
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # what OSWorld's code prints goes to stderr
+    osworld_worker.import_desktop_env()
+    from desktop_env.controllers.python import PythonController
+    from desktop_env.controllers.setup import SetupController
+
+    url = urlsplit(os.environ["OSW_URL"])
+    net = osworld_worker.Network()
+    net.origin, net.token = f"{url.scheme}://{url.netloc}", os.environ.get("OSW_TOKEN")
+    net.install()
+    host, port = url.hostname or "127.0.0.1", url.port or 80
+    objs: dict[str, Any] = {
+        "controller": PythonController(vm_ip=host, server_port=port),
+        "setup": SetupController(
+            vm_ip=host, server_port=port, cache_dir=os.environ.get("OSW_CACHE", "cache")
+        ),
+    }
+    objs["controller"].retry_interval = 0.2  # a failing call answers in a second, not 15
+    out.write('{"ready": true}\n')
+    out.flush()
+    for line in sys.stdin:
+        call = json.loads(line)
+        try:
+            v = getattr(objs[call["obj"]], call["method"])(
+                *call.get("args", []), **call.get("kwargs", {})
+            )
+            answer = (
+                {"bytes": base64.b64encode(v).decode()} if isinstance(v, bytes) else {"value": v}
+            )
+        except Exception as e:  # the test asserts on it
+            answer = {"raised": f"{type(e).__name__}: {e}"}
+        out.write(json.dumps(answer, default=repr) + "\n")
+        out.flush()
+
+
+if __name__ == "__main__":
+    main()
