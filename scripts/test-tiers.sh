@@ -10,9 +10,11 @@
 #             `make run` from a clean clone, load): after the `ray` tier, so that the session's
 #             Ray is gone (two clusters on a host share its CPUs, and Ray Train's placement
 #             group cleaner cannot tell which one is its own)
-#   vllm      the vLLM engine in .venv-vllm (TEST_VLLM=0 skips it). Its venv is built in the
-#             background from the start (pip: mostly network and disk), its log printed when
-#             the tier begins.
+#   osworld   OSWorld's own controllers and evaluators (PyPI desktop-env) in .venv-osworld
+#             against our desktop (TEST_OSWORLD=0 skips it)
+#   vllm      the vLLM engine in .venv-vllm (TEST_VLLM=0 skips it). The two venvs are built in
+#             the background from the start (pip: mostly network and disk), one after the
+#             other, each one's log printed when its tier begins.
 # With arguments, they go to one plain pytest run instead (e.g. `make test PYTEST_ARGS=-x`).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -43,9 +45,33 @@ if [ "${TEST_VLLM:-1}" = 1 ]; then
   ) &
   venv_pid=$!
 fi
-tier parallel "$VENV/bin/pytest" -n 2 -m "$BASE and not ray and not slow"
+if [ "${TEST_OSWORLD:-1}" = 1 ]; then
+  osw_log=$(mktemp)
+  (
+    # after the vLLM venv's build (one pip at a time on 2 cores); both are done long before
+    # the tiers that need them
+    [ "${TEST_VLLM:-1}" = 1 ] && while [ ! -f "$venv_log.done" ]; do sleep 5; done
+    t0=$(date +%s)
+    make --no-print-directory osworld-venv >"$osw_log" 2>&1
+    rc=$?
+    echo "$(($(date +%s) - t0)) $rc" >"$osw_log.done"
+  ) &
+  osw_pid=$!
+fi
+tier parallel "$VENV/bin/pytest" -n 2 -m "$BASE and not ray and not slow and not osworld"
 tier ray "$VENV/bin/pytest" --durations=15 -m "$BASE and ray"
-tier cluster "$VENV/bin/pytest" --durations=10 -m "$BASE and slow and not ray"
+tier cluster "$VENV/bin/pytest" --durations=10 -m "$BASE and slow and not ray and not osworld"
+if [ "${TEST_OSWORLD:-1}" = 1 ]; then
+  wait "$osw_pid"
+  read -r osw_s osw_rc <"$osw_log.done"
+  echo "== osworld venv (built in the background in ${osw_s} s):"
+  cat "$osw_log"
+  rm -f "$osw_log" "$osw_log.done"
+  record "osw-venv" "$osw_s" "$osw_rc"
+  if [ "$osw_rc" = 0 ]; then
+    tier osworld "$VENV/bin/pytest" --durations=5 -m "$BASE and osworld" tests/envs
+  fi
+fi
 if [ "${TEST_VLLM:-1}" = 1 ]; then
   wait "$venv_pid"
   read -r venv_s venv_rc <"$venv_log.done"
@@ -61,7 +87,7 @@ failed=0
 printf '\n%-10s %8s  %s\n' tier seconds result
 for i in "${!NAMES[@]}"; do
   [ "${RCS[i]}" = 0 ] && res=passed || { res="FAILED (exit ${RCS[i]})"; failed=1; }
-  [ "${NAMES[i]}" = vllm-venv ] && res="$res (in the background)"
+  case "${NAMES[i]}" in *-venv) res="$res (in the background)" ;; esac
   printf '%-10s %8s  %s\n' "${NAMES[i]}" "${SECS[i]}" "$res"
 done
 printf '%-10s %8s\n' wall $(($(date +%s) - start))
