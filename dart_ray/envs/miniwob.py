@@ -23,7 +23,8 @@ Built over the `miniwob` package's gymnasium environment, with four changes it n
   (`invalid action: ...`), never a silent no-op.
 
 The trajectory reward is the task's own (JavaScript) reward: in [-1, 1], scaled down by elapsed
-time; an episode the policy leaves unfinished scores -1, as MiniWoB's own timeout does.
+time (unscaled with `env.miniwob.raw_reward`); an episode the policy leaves unfinished scores
+-1, as MiniWoB's own timeout does.
 Any Selenium/connection failure is a crashed browser: `EnvCrashed`, and EnvSession rebuilds it.
 """
 
@@ -220,12 +221,13 @@ class MiniWobEnv(Env):
             return invalid_step(self._screenshot(g), str(e).split("\n", 1)[0])
         if obs is None:  # nothing to do in the page (an empty type)
             return StepResult(self._screenshot(g), False, {"event": "nothing"})
+        scaled, raw = float(reward), float(info.get("raw_reward") or 0.0)
         if done:
-            self._done, self._reward = True, float(reward)
+            self._done, self._reward = True, raw if self.options.raw_reward else scaled
         out = {
             "event": "done" if done else "wait" if action.kind == ActionKind.WAIT else "acted",
-            "reward": float(reward),
-            "raw_reward": float(info.get("raw_reward") or 0.0),
+            "reward": scaled,
+            "raw_reward": raw,
         }
         return StepResult(self._observation(obs), bool(done), out)
 

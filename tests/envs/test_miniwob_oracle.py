@@ -58,3 +58,28 @@ def test_oracle_finishes_what_a_policy_started(env: MiniWobEnv) -> None:
         obs = result.observation
     assert kinds == [ActionKind.HOTKEY, ActionKind.TYPE, ActionKind.CLICK]
     assert env.evaluate() > 0
+
+
+def test_raw_reward_is_one_or_minus_one_whatever_the_time() -> None:
+    """`env.miniwob.raw_reward`: the task's verdict without MiniWoB's 1 - elapsed/600 s on a
+    success, so that a group of successes has equal rewards (GRPO standardises a group's
+    rewards: it would otherwise train on the engine's latency)."""
+    from dart_ray.config import MiniWobOptions
+    from dart_ray.envs.miniwob_oracle import MiniWobOracle, Page, click
+
+    e = MiniWobEnv(EnvConfig(kind="miniwob", miniwob=MiniWobOptions(raw_reward=True)))
+    try:
+        obs = e.reset(make_task("click-button", 900_200))
+        r = e.step(MiniWobOracle("click-button").next_step(obs)[0])
+        assert r.done and 0.99 < r.info["reward"] < 1.0  # MiniWoB's own, scaled by time
+        assert e.evaluate() == 1.0
+        for seed in range(900_201, 900_220):  # a page with a button besides the target
+            page = Page.of(e.reset(make_task("click-button", seed)))
+            buttons = [x for x in page.elements if x["tag"] == "button"]
+            wrong = [x for x in buttons if x["text"] != page.target()]
+            if wrong:
+                break
+        r = e.step(click(wrong[0], "the wrong button")[0])
+        assert r.done and e.evaluate() == -1.0
+    finally:
+        e.close()
