@@ -1,10 +1,11 @@
 """The MiniWoB++ oracle in real headless Chromium (marker `browser`): it solves every task of
 the rung on seeds its development never saw (it was written against seeds 0-59), scored by
-each task's own JavaScript reward."""
+each task's own JavaScript reward; the committed task files hold each page's utterance."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -14,9 +15,11 @@ pytest.importorskip("miniwob", reason="needs the browser extra")
 from dart_ray.envs.miniwob import MiniWobEnv
 from dart_ray.envs.miniwob_oracle import TASKS
 from dart_ray.envs.miniwob_tasks import make_task, solve
+from dart_ray.envs.taskfile import read_task_file
 
 pytestmark = pytest.mark.browser
 UNSEEN = range(900_000, 900_010)
+HELDOUT = read_task_file(Path(__file__).resolve().parents[2] / "fixtures/miniwob/heldout.jsonl")
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +38,9 @@ def test_oracle_solves_unseen_seeds(env: MiniWobEnv, sub: str) -> None:
     most = {"click-button-sequence": 2, "click-option": 2, "enter-text": 3}.get(sub, 1)
     assert max(steps for _, steps, _ in results) == most, (sub, results)
     assert all(utterance for _, _, utterance in results)  # the page's instruction
+    # the committed task files carry each seed's own utterance as the instruction
+    for t in [t for t in HELDOUT if t.config["subdomain"] == sub][:2]:
+        assert env.reset(t).text == t.instruction, t.task_id
 
 
 def test_oracle_finishes_what_a_policy_started(env: MiniWobEnv) -> None:
