@@ -52,7 +52,7 @@ def demonstrations(
     (MiniDesk or MiniWoB++, `dart_ray.warmstart.writers`)."""
     writer = make_writer(processor, env_config)
     try:
-        for task in writer.order(tasks):
+        for task in tasks:
             obs = writer.reset(task)
             turns = [Turn(obs.screenshot)]
             for _ in range(max_steps):

@@ -12,7 +12,6 @@ ask `next_response()` for the oracle's answer to the current screen. One writer 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from dart_ray.config import EnvConfig
@@ -31,10 +30,6 @@ Response = tuple[Action, str, list[int]]
 
 class Demonstrator(Protocol):
     """An env and its oracle, as `dart_ray.warmstart.sft.demonstrations` drives them."""
-
-    def order(self, tasks: Sequence[Task]) -> list[Task]:
-        """The order to play `tasks` in (the writer's env may prefer some)."""
-        ...
 
     def reset(self, task: Task) -> Observation: ...
 
@@ -70,9 +65,6 @@ class OracleWriter:
             processor.max_pixels,
         )
 
-    def order(self, tasks: Sequence[Task]) -> list[Task]:
-        return list(tasks)
-
     def reset(self, task: Task) -> Observation:
         return self.env.reset(task)
 
@@ -105,11 +97,6 @@ class MiniWobWriter:
         )
         self._oracle: MiniWobOracle | None = None
         self._obs: Observation | None = None
-
-    def order(self, tasks: Sequence[Task]) -> list[Task]:
-        """Grouped by page, in the given order within each: the env starts a new Chromium
-        whenever the page changes (seconds each), a new seed of the same page takes ~0.1 s."""
-        return sorted(tasks, key=lambda t: str(t.config.get("subdomain")))
 
     def reset(self, task: Task) -> Observation:
         from dart_ray.envs.miniwob_oracle import MiniWobOracle
