@@ -44,6 +44,11 @@ class MiniWobOptions(Section):
     scale: float = Field(default=1.0, gt=0)
     """Screenshot scale: MiniWoB's task area is 160x210 px; 2.0 shows the policy 320x420 (and
     its click points are divided by 2 on the way back to the page)."""
+    raw_reward: bool = False
+    """Score an episode by the task's raw reward (1 solved, -1 failed; a few tasks give
+    partial credit) instead of MiniWoB's reward scaled by 1 - elapsed / episode_max_time_s.
+    For RL: GRPO standardises the rewards within a group, and the scaling makes them differ
+    by the engine's latency alone, so an all-success or all-fail group would train on noise."""
 
 
 class DesktopOptions(Section):

@@ -1,6 +1,6 @@
 """MiniWoB++ in a real headless Chromium, behind the dart-ray Env contract (extra `browser`).
 
-Built over the `miniwob` package's gymnasium environment, with four changes it needs here:
+Built over the `miniwob` package's gymnasium environment, with five changes it needs here:
 
 - **Offline Chromium.** The package starts Chrome with only `headless`, `no-sandbox` and
   `disable-gpu`, and without an explicit driver Selenium Manager tries to download one. We
@@ -21,9 +21,13 @@ Built over the `miniwob` package's gymnasium environment, with four changes it n
   w, alt F4, F5) are not among them: such a hotkey, an unknown key, a right click (MiniWoB has
   none), a sideways scroll or a point off the page is a failed step that says why
   (`invalid action: ...`), never a silent no-op.
+- **One browser for every page.** The package binds a gym to one task page; a reset on
+  another page sends the same Chromium there (~0.1 s) instead of starting a new one (~1.4 s
+  and a core), since a run that mixes pages changes page at nearly every reset.
 
 The trajectory reward is the task's own (JavaScript) reward: in [-1, 1], scaled down by elapsed
-time; an episode the policy leaves unfinished scores -1, as MiniWoB's own timeout does.
+time (unscaled with `env.miniwob.raw_reward`); an episode the policy leaves unfinished scores
+-1, as MiniWoB's own timeout does.
 Any Selenium/connection failure is a crashed browser: `EnvCrashed`, and EnvSession rebuilds it.
 """
 
@@ -35,6 +39,7 @@ import shutil
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urljoin
 
 import numpy as np
 from PIL import Image
@@ -56,6 +61,7 @@ from dart_ray.records import Action, ActionKind, Observation, Task
 try:
     from miniwob.action import ActionSpaceConfig, ActionTypes
     from miniwob.environment import MiniWoBEnvironment
+    from miniwob.fields import get_field_extractor
     from miniwob.selenium_instance import SeleniumInstance
     from selenium import webdriver
     from selenium.common.exceptions import WebDriverException
@@ -144,6 +150,18 @@ class _Gym(MiniWoBEnvironment):
         self.instance.wait()
 
 
+def _open_page(g: _Gym, subdomain: str) -> None:
+    """Send the gym's browser to another task page: ~0.1 s, where a new Chromium takes ~1.4 s
+    (and a core meanwhile), and a run mixing pages changes page at nearly every reset."""
+    inst = g.instance
+    inst.url = urljoin(inst.url, f"{subdomain}.html")  # beside the current page
+    inst.field_extractor = get_field_extractor(subdomain)
+    inst.driver.get(inst.url)
+    inst.driver.find_element("id", inst.SYNC_SCREEN_ID)
+    g.subdomain = subdomain
+    g.instance_kwargs["subdomain"] = subdomain  # what a hard reset of the gym reopens
+
+
 class MiniWobEnv(Env):
     """One MiniWoB++ browser; a task names its page (`subdomain`) and seed in `config`."""
 
@@ -176,10 +194,13 @@ class MiniWobEnv(Env):
             raise EnvInputError(f"task {task.task_id}: no MiniWoB++ task named {sub!r}")
         seed = task.config.get("seed")
         try:
-            if self._gym is None or sub != self._subdomain:
-                self.close()
+            flights = sub.startswith("flight.") or str(self._subdomain).startswith("flight.")
+            if self._gym is None or (flights and sub != self._subdomain):
+                self.close()  # the flight pages need their own window size and server
                 self._gym = self._make(sub)
-                self._subdomain = sub
+            elif sub != self._subdomain:
+                _open_page(self._gym, sub)
+            self._subdomain = sub
             obs, _ = self._gym.reset(seed=seed)
         except _BROWSER_GONE as e:
             raise EnvCrashed(f"browser failed on reset: {type(e).__name__}: {e}") from e
@@ -220,12 +241,13 @@ class MiniWobEnv(Env):
             return invalid_step(self._screenshot(g), str(e).split("\n", 1)[0])
         if obs is None:  # nothing to do in the page (an empty type)
             return StepResult(self._screenshot(g), False, {"event": "nothing"})
+        scaled, raw = float(reward), float(info.get("raw_reward") or 0.0)
         if done:
-            self._done, self._reward = True, float(reward)
+            self._done, self._reward = True, raw if self.options.raw_reward else scaled
         out = {
             "event": "done" if done else "wait" if action.kind == ActionKind.WAIT else "acted",
-            "reward": float(reward),
-            "raw_reward": float(info.get("raw_reward") or 0.0),
+            "reward": scaled,
+            "raw_reward": raw,
         }
         return StepResult(self._observation(obs), bool(done), out)
 

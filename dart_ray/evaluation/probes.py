@@ -90,7 +90,7 @@ def read_screens(
 ) -> list[Screen]:
     """Reset MiniDesk on each task, teacher-force the oracle's first response, read the probes'
     inputs. Tasks must be click-button screens (every widget a button)."""
-    from dart_ray.warmstart.sft import OracleWriter
+    from dart_ray.warmstart.writers import OracleWriter
 
     oracle = OracleWriter(processor, env_config)
     env = oracle.env

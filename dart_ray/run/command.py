@@ -152,7 +152,9 @@ def add_sft_eval(sub: argparse._SubParsersAction, add_config_args, load) -> None
     """`dart-ray sft` and `dart-ray eval`."""
     from pathlib import Path
 
-    p = sub.add_parser("sft", help="warm-start a model on MiniDesk oracle demonstrations")
+    p = sub.add_parser(
+        "sft", help="warm-start a model on oracle demonstrations (MiniDesk, MiniWoB++)"
+    )
     p.add_argument("--base", type=Path, default=None, help="model folder (default: build tiny)")
     p.add_argument("--out", type=Path, required=True, help="folder for the fine-tuned model")
     p.add_argument("--steps", type=int, default=150)

@@ -1,4 +1,4 @@
-"""`dart-ray sft`: a warm start from MiniDesk oracle demonstrations.
+"""`dart-ray sft`: a warm start from oracle demonstrations (MiniDesk or MiniWoB++).
 
 The oracle plays training tasks; at every step the prompt is built exactly as a rollout
 builds it (same prompt text, history window, screenshots) and the target is the oracle's
@@ -24,10 +24,10 @@ from transformers import PreTrainedModel
 
 from dart_ray.config import EnvConfig
 from dart_ray.models.loading import PolicyProcessor, load_model
-from dart_ray.records import SAMPLE_SCHEMA, Action, ActionKind, Task
+from dart_ray.records import SAMPLE_SCHEMA, ActionKind, Task
 from dart_ray.train.forward import collate, response_logprobs
-from dart_ray.uitars.actions import CoordinateMap, format_response
 from dart_ray.uitars.prompts import Turn, build_messages
+from dart_ray.warmstart.writers import make_writer
 
 log = logging.getLogger(__name__)
 
@@ -39,35 +39,6 @@ class Demo:
     images: list[bytes]
 
 
-class OracleWriter:
-    """MiniDesk played by its oracle, each action written as the policy writes a response:
-    the Thought naming the element, the UI-TARS action in the model's coordinate frame, the
-    end token."""
-
-    def __init__(self, processor: PolicyProcessor, env_config: EnvConfig) -> None:
-        from dart_ray.envs.minidesk.env import MiniDeskEnv
-
-        self.processor = processor
-        self.env = MiniDeskEnv(env_config)
-        self.coords = CoordinateMap.for_screen(
-            env_config.screen_width,
-            env_config.screen_height,
-            processor.min_pixels,
-            processor.max_pixels,
-        )
-
-    def next_response(self) -> tuple[Action, str, list[int]]:
-        """The oracle's next action on the current screen, its text and its token ids."""
-        from dart_ray.envs.minidesk.oracle import oracle_action, thought
-
-        action = oracle_action(self.env)
-        text = format_response(
-            thought(self.env.scene, action), action, self.coords, box_tokens=False
-        )
-        tok = self.processor.tokenizer
-        return action, text, list(tok(text + tok.eos_token, add_special_tokens=False)["input_ids"])
-
-
 def demonstrations(
     tasks: Sequence[Task],
     processor: PolicyProcessor,
@@ -77,25 +48,28 @@ def demonstrations(
     history_turns: int = 5,
     max_steps: int = 8,
 ) -> Iterator[Demo]:
-    """(prompt, oracle response) pairs from oracle episodes on MiniDesk tasks."""
-    oracle = OracleWriter(processor, env_config)
-    env = oracle.env
-    for task in tasks:
-        obs = env.reset(task)
-        turns = [Turn(obs.screenshot)]
-        for _ in range(max_steps):
-            action, text, response = oracle.next_response()
-            messages = build_messages(task.instruction, turns, history_images, history_turns)
-            enc = processor.encode(messages)
-            images = [t.screenshot for t in turns[-history_images:]]
-            yield Demo(list(enc.input_ids), response, images)
-            if action.kind in (ActionKind.FINISHED, ActionKind.CALL_USER):
-                break
-            result = env.step(action)
-            if result.done:  # a commit ends the episode: a rollout never asks again
-                break
-            turns[-1] = Turn(turns[-1].screenshot, text)
-            turns.append(Turn(result.observation.screenshot))
+    """(prompt, oracle response) pairs from oracle episodes on the tasks of `env_config.kind`
+    (MiniDesk or MiniWoB++, `dart_ray.warmstart.writers`)."""
+    writer = make_writer(processor, env_config)
+    try:
+        for task in tasks:
+            obs = writer.reset(task)
+            turns = [Turn(obs.screenshot)]
+            for _ in range(max_steps):
+                action, text, response = writer.next_response()
+                messages = build_messages(task.instruction, turns, history_images, history_turns)
+                enc = processor.encode(messages)
+                images = [t.screenshot for t in turns[-history_images:]]
+                yield Demo(list(enc.input_ids), response, images)
+                if action.kind in (ActionKind.FINISHED, ActionKind.CALL_USER):
+                    break
+                result = writer.step(action)
+                if result.done:  # a commit ends the episode: a rollout never asks again
+                    break
+                turns[-1] = Turn(turns[-1].screenshot, text)
+                turns.append(Turn(result.observation.screenshot))
+    finally:
+        writer.close()
 
 
 def _batch(demos: Sequence[Demo]) -> pa.RecordBatch:

@@ -402,3 +402,17 @@ def _live(pids: list[int]) -> list[psutil.Process]:
         except psutil.NoSuchProcess:
             continue
     return out
+
+
+def test_another_page_reuses_the_browser(env: MiniWobEnv) -> None:
+    """A reset on another page sends the same Chromium there (it used to start a new one,
+    ~1.4 s, at nearly every reset of a run mixing pages); the new page's task is scored."""
+    env.reset(_task("click-test", 20))
+    pids = env.processes()
+    for sub in ("enter-text", "click-button", "click-test"):
+        obs = env.reset(_task(sub, 20))
+        assert env.processes() == pids, sub
+        fields, els = _els(obs)
+        for a in SOLVERS[sub](fields, els):
+            env.step(a)
+        assert env.evaluate() > 0.99, sub
