@@ -75,6 +75,10 @@ class Machine:
     _resets: int = 0
     _groups: set[int] = field(default_factory=set)
     marker: str = field(default_factory=lambda: secrets.token_hex(8))
+    fixed_home: Path | None = None
+    """A HOME kept at one path (OSWorld's /home/user, see `profile.py`) and emptied on every
+    reset, instead of a fresh folder under `root`."""
+    wm_args: list[str] = field(default_factory=list)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -131,6 +135,7 @@ class Machine:
             "XAUTHORITY": str(self.root / "Xauthority"),
             "HOME": str(self.home),
             "USER": os.environ.get("USER", "user"),
+            "LOGNAME": os.environ.get("USER", "user"),
             "SHELL": "/bin/bash",
             "TERM": "xterm",
             "XDG_CONFIG_HOME": str(self.home / ".config"),
@@ -144,10 +149,14 @@ class Machine:
     def reset(self, wm_ready: Callable[[], bool] = lambda: True) -> None:
         """Kill every app, fresh HOME, window manager up, start-up apps launched."""
         self.stop_apps()
-        if self.home != Path() and self.home.exists():
-            shutil.rmtree(self.home, ignore_errors=True)
         self._resets += 1
-        self.home = self.root / f"home-{self._resets}"
+        if self.fixed_home is not None:
+            _empty(self.fixed_home)
+            self.home = self.fixed_home
+        else:
+            if self.home != Path() and self.home.exists():
+                shutil.rmtree(self.home, ignore_errors=True)
+            self.home = self.root / f"home-{self._resets}"
         for sub in ("Desktop", "Documents", ".config"):
             (self.home / sub).mkdir(parents=True, exist_ok=True)
         (self.root / "run").mkdir(mode=0o700, exist_ok=True)
@@ -160,7 +169,7 @@ class Machine:
         """Start the window manager if it is not running and wait until it has announced
         itself: an app mapped before that may never be listed in `_NET_CLIENT_LIST`."""
         if self._wm is None or self._wm.poll() is not None:
-            self._wm = self._spawn([self.window_manager, "--sm-disable"])
+            self._wm = self._spawn([self.window_manager, "--sm-disable", *self.wm_args])
         deadline = time.monotonic() + timeout_s
         while not wm_ready():
             if time.monotonic() > deadline or self._wm.poll() is not None:
@@ -260,6 +269,19 @@ class Machine:
 
 
 MARKER = "DART_DESKTOP"  # environment variable naming the desktop a process belongs to
+
+
+def _empty(home: Path) -> None:
+    """Remove everything inside `home` (which must exist and be ours), keeping the folder."""
+    if not home.is_dir():
+        raise DesktopError(
+            f"the fixed HOME {home} does not exist (scripts/install-osworld-desktop.sh)"
+        )
+    for entry in home.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 def _group_alive(pgid: int) -> bool:
