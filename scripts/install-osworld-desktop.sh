@@ -4,7 +4,8 @@
 #
 #   apps: LibreOffice Calc/Writer/Impress, Chromium (as `google-chrome`, the name OSWorld's
 #         tasks launch), GIMP, VLC, Thunderbird, socat (tasks forward 9222 to Chrome's 1337),
-#         sudo, AT-SPI (python3-pyatspi, at-spi2-core, dbus-x11) and xdotool
+#         sudo, AT-SPI (python3-pyatspi, at-spi2-core, dbus-x11; libreoffice-gtk3 so LibreOffice
+#         publishes its widgets) and xdotool
 #   user: a system account `user`, home /home/user, shell bash, password locked (`passwd -l`:
 #         no login with a password, no default password), and
 #         /etc/sudoers.d/dart-osworld-user granting it sudo without a password, because
@@ -23,7 +24,8 @@
 # The existing `desktop` tests do not need any of this; `make test-osworld-apps` runs it.
 set -euo pipefail
 
-PKGS=(python3-venv python3-tk libreoffice-calc libreoffice-writer libreoffice-impress chromium gimp vlc thunderbird
+PKGS=(python3-venv python3-tk libreoffice-calc libreoffice-writer libreoffice-impress libreoffice-gtk3
+      chromium gimp vlc thunderbird
       socat sudo python3-pyatspi gir1.2-atspi-2.0 at-spi2-core dbus-x11 xdotool
       xvfb xauth openbox wmctrl xterm)
 if [ "$(id -u)" -ne 0 ]; then

@@ -162,10 +162,11 @@ def run_tasks(todo: list[tuple[Coverage, Task]], venv: Path, limit_s: float) -> 
     env: LocalDesktopEnv | None = None
     for n, (cov, task) in enumerate(todo, 1):
         start = time.monotonic()
-        env = env or LocalDesktopEnv(cfg)
         cov.ran = True
-        stage = "set-up"
+        stage = "desktop start"
         try:
+            env = env or LocalDesktopEnv(cfg)
+            stage = "set-up"
             _with_limit(limit_s, env.reset, task)
             cov.sets_up = True
             stage = "evaluation"
@@ -175,7 +176,8 @@ def run_tasks(todo: list[tuple[Coverage, Task]], venv: Path, limit_s: float) -> 
                 cov.reasons.append(f"the initial state scores {cov.score}")
         except Exception as e:  # recorded against the task: the point of the measurement
             cov.reasons.append(f"{stage}: {type(e).__name__}: {str(e)[:300]}")
-            env.close()
+            if env is not None:
+                env.close()
             env = None
         cov.seconds = round(time.monotonic() - start, 1)
         print(f"[{n}/{len(todo)}] {cov.domain}/{cov.task_id}: {_verdict(cov)}", flush=True)

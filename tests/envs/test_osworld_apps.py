@@ -9,6 +9,8 @@ this. LibreOffice makes it slow (docs/ENVIRONMENTS.md gives the time), so CI lea
 
 from __future__ import annotations
 
+import time
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -66,7 +68,16 @@ SOLUTIONS: dict[str, list[str | Action]] = {
     "dart-writer-odt-to-docx": [
         f'{LO} "docx:MS Word 2007 XML" --outdir {H}/Documents {H}/Documents/notes.odt'
     ],
+    # through the GUI: a terminal by Ctrl+Alt+T, a command typed into it; scored on the
+    # AT-SPI tree (OSWorld's `accessibility_tree` getter reads our /accessibility)
+    "dart-writer-open-in-writer": [
+        Action(ActionKind.HOTKEY, text="ctrl alt t"),
+        Action(ActionKind.WAIT),
+        Action(ActionKind.TYPE, text="libreoffice --writer ~/Desktop/memo.txt &\n"),
+    ],
 }
+# how the solution's last effect shows in the accessibility tree, for tasks that start an app
+SHOWN = {"dart-writer-open-in-writer": "memo.txt - LibreOffice Writer"}
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +95,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalDesktopEnv]:
     e.close()
 
 
-def test_the_fixtures_are_ten_tasks_from_three_domains_each_with_a_solution() -> None:
-    assert len(TASKS) == 10
+def test_the_fixtures_are_eleven_tasks_from_three_domains_each_with_a_solution() -> None:
+    assert len(TASKS) == 11
     assert {t.config["family"] for t in TASKS} == {"os", "libreoffice_calc", "libreoffice_writer"}
     assert {t.task_id for t in TASKS} == set(SOLUTIONS)
 
@@ -103,7 +114,18 @@ def test_osworlds_evaluator_scores_0_before_and_1_after_the_solution(
             continue
         r = env.client.execute(["bash", "-c", step])
         assert r.get("returncode") == 0, r
+    if task.task_id in SHOWN:
+        _wait_for(env, SHOWN[task.task_id])
     assert env.evaluate() == 1.0
+
+
+def _wait_for(env: LocalDesktopEnv, text: str, timeout_s: float = 90.0) -> None:
+    """Until the accessibility tree shows `text` (an app starting takes a while here)."""
+    assert env.client is not None
+    deadline = time.monotonic() + timeout_s
+    while text not in env.client.accessibility():
+        assert time.monotonic() < deadline, f"{text!r} not shown after {timeout_s:g}s"
+        time.sleep(2)
 
 
 def test_the_desktop_runs_as_user_with_home_at_home_user(env: LocalDesktopEnv) -> None:
@@ -116,3 +138,20 @@ def test_the_desktop_runs_as_user_with_home_at_home_user(env: LocalDesktopEnv) -
     env.reset(TASKS[0])
     r = env.client.execute(["bash", "-c", f"ls -A {H}"])
     assert "left-behind" not in r["output"]
+
+
+def test_accessibility_is_the_atspi_widget_tree_in_osworlds_shape(env: LocalDesktopEnv) -> None:
+    env.reset(TASKS[0])
+    assert env.client is not None
+    env.client.setup("launch", {"command": ["mousepad"], "timeout": 20})
+    root = ET.fromstring(env.client.accessibility())
+    st = "{https://accessibility.ubuntu.example.org/ns/state}"
+    cp = "{https://accessibility.ubuntu.example.org/ns/component}"
+    assert root.tag == "desktop-frame"
+    app = root.find("application[@name='mousepad']")
+    assert app is not None, [a.get("name") for a in root]
+    frame = app.find("frame")
+    assert frame is not None and frame.get(f"{st}showing") == "true"
+    assert frame.get(f"{cp}screencoord", "").startswith("(")
+    menus = [m.get("name") for m in app.iter("menu")]
+    assert "File" in menus  # the editor's own widgets, not just its window

@@ -79,6 +79,11 @@ class Machine:
     """A HOME kept at one path (OSWorld's /home/user, see `profile.py`) and emptied on every
     reset, instead of a fresh folder under `root`."""
     wm_args: list[str] = field(default_factory=list)
+    atspi: bool = False
+    """Give the desktop a D-Bus session bus and let apps publish their widgets over AT-SPI
+    (`/accessibility` then walks them; the OSWorld profile turns it on)."""
+    dbus_address: str = ""
+    _dbus: subprocess.Popen[bytes] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -125,12 +130,34 @@ class Machine:
         number = _read_display(r, self._xvfb)
         self.display = f":{number}"
         _xauth(auth, self.display, cookie)
+        if self.atspi:
+            self._start_dbus()
         self.reset()
+
+    def _start_dbus(self) -> None:
+        """A session bus for this desktop only. It runs without the desktop's marker, so a
+        reset keeps it (and the AT-SPI registry it activates), like the X server."""
+        if shutil.which("dbus-daemon") is None:
+            raise DesktopError("dbus-daemon is not installed (scripts/install-osworld-desktop.sh)")
+        env = {k: v for k, v in self.env().items() if k != MARKER}
+        self._dbus = subprocess.Popen(
+            ["dbus-daemon", "--session", "--nofork", "--nopidfile", "--print-address=1"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        assert self._dbus.stdout is not None
+        address = self._dbus.stdout.readline().decode().strip()
+        if not address:
+            raise DesktopError(f"dbus-daemon did not start (exit {self._dbus.wait(5)})")
+        self.dbus_address = address
 
     def env(self) -> dict[str, str]:
         """The environment of every process on this desktop."""
         keep = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ")}
-        return keep | {
+        env = keep | {
             "DISPLAY": self.display,
             "XAUTHORITY": str(self.root / "Xauthority"),
             "HOME": str(self.home),
@@ -144,6 +171,20 @@ class Machine:
             "NO_AT_BRIDGE": "1",
             "PS1": r"\w$ ",
             MARKER: self.marker,
+        }
+        if self.atspi:
+            del env["NO_AT_BRIDGE"]  # GTK's bridge stays off while it is set
+            env |= self._atspi_env()
+        return env
+
+    def _atspi_env(self) -> dict[str, str]:
+        """Apps publish their widgets: GTK through its AT-SPI bridge (on unless NO_AT_BRIDGE),
+        Chromium and Qt (VLC) when asked, LibreOffice through its GTK3 plugin."""
+        return {
+            "DBUS_SESSION_BUS_ADDRESS": self.dbus_address,
+            "ACCESSIBILITY_ENABLED": "1",
+            "QT_LINUX_ACCESSIBILITY_ALWAYS_ON": "1",
+            "SAL_USE_VCLPLUGIN": "gtk3",
         }
 
     def reset(self, wm_ready: Callable[[], bool] = lambda: True) -> None:
@@ -179,10 +220,10 @@ class Machine:
 
     def close(self) -> None:
         self.stop_apps()
-        for p in (self._wm, self._xvfb):
+        for p in (self._wm, self._dbus, self._xvfb):
             if p is not None:
                 _terminate(p)
-        self._wm = self._xvfb = None
+        self._wm = self._xvfb = self._dbus = None
         shutil.rmtree(self.root, ignore_errors=True)
 
     # ------------------------------------------------------------------ processes

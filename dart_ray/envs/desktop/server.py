@@ -152,6 +152,7 @@ def _use_profile(machine: Machine, ap: argparse.ArgumentParser) -> None:
     if os.geteuid() == 0:
         ap.error(f"--osworld-profile runs the desktop as {profile.USER!r}, not as root")
     machine.fixed_home = profile.HOME
+    machine.atspi = True
     if Path(machine.window_manager).name == "openbox":
         machine.wm_args = ["--config-file", str(profile.write_openbox_config(machine.root))]
 
