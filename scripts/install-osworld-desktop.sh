@@ -4,6 +4,7 @@
 #
 #   apps: LibreOffice Calc/Writer/Impress, Chromium (as `google-chrome`, the name OSWorld's
 #         tasks launch), GIMP, VLC, Thunderbird, socat (tasks forward 9222 to Chrome's 1337),
+#         dconf-cli (pyautogui asks dconf whether the mouse is left-handed),
 #         sudo, AT-SPI (python3-pyatspi, at-spi2-core, dbus-x11; libreoffice-gtk3 so LibreOffice
 #         publishes its widgets) and xdotool
 #   user: a system account `user`, home /home/user, shell bash, password locked (`passwd -l`:
@@ -26,7 +27,7 @@ set -euo pipefail
 
 PKGS=(python3-venv python3-tk libreoffice-calc libreoffice-writer libreoffice-impress libreoffice-gtk3
       chromium gimp vlc thunderbird
-      socat sudo python3-pyatspi gir1.2-atspi-2.0 at-spi2-core dbus-x11 xdotool
+      socat sudo dconf-cli python3-pyatspi gir1.2-atspi-2.0 at-spi2-core dbus-x11 xdotool
       xvfb xauth openbox wmctrl xterm)
 if [ "$(id -u)" -ne 0 ]; then
   echo "install-osworld-desktop: needs root (apt, an account, a sudoers file)" >&2

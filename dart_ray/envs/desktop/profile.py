@@ -32,6 +32,8 @@ HOME = Path("/home/user")
 # the desktop's own interpreter (the install script builds it): `user` may not reach the one
 # that starts the server (a pyenv under /root), and OSWorld's `python` commands run here
 PYTHON = Path("/opt/dart-osworld-desktop/venv/bin/python")
+# the desktop's PATH: that Python first (`python3` in a shell line has pyautogui, as on the VM)
+PATH = f"{PYTHON.parent}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TERMINAL = "xterm -T Terminal -geometry 100x30+40+40"
 
 RC_XML = f"""<?xml version="1.0" encoding="UTF-8"?>

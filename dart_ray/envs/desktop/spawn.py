@@ -55,6 +55,7 @@ def spawn_server(
             "HOME": str(profile.HOME),
             "USER": profile.USER,
             "LOGNAME": profile.USER,
+            "PATH": profile.PATH,  # never the caller's (root's pyenv dirs: EACCES for `user`)
             "PYTHONPATH": str(Path(__file__).resolve().parents[3]),  # this checkout's dart_ray
         }
     proc = subprocess.Popen(
