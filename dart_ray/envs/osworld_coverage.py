@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import threading
 import time
@@ -215,7 +216,8 @@ def reason_counts(rows: list[Coverage]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for r in rows:
         for why in r.reasons:
-            key = why if len(why) < 90 else why[:87] + "..."
+            why = re.sub(r"task \S+: ", "", why.split("\n")[0])  # alike failures together
+            key = why if len(why) < 110 else why[:107] + "..."
             counts[key] = counts.get(key, 0) + 1
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
