@@ -75,6 +75,12 @@ SOLUTIONS: dict[str, list[str | Action]] = {
         Action(ActionKind.WAIT),
         Action(ActionKind.TYPE, text="libreoffice --writer ~/Desktop/memo.txt &\n"),
     ],
+    # Chrome's address bar; scored through CDP (OSWorld's open_tabs_info getter, Playwright)
+    "dart-chrome-open-local-page": [
+        Action(ActionKind.HOTKEY, text="ctrl l"),
+        Action(ActionKind.TYPE, text=f"file://{H}/Desktop/notes.html\n"),
+        Action(ActionKind.WAIT),
+    ],
 }
 # how the solution's last effect shows in the accessibility tree, for tasks that start an app
 SHOWN = {"dart-writer-open-in-writer": "memo.txt - LibreOffice Writer"}
@@ -95,9 +101,10 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalDesktopEnv]:
     e.close()
 
 
-def test_the_fixtures_are_eleven_tasks_from_three_domains_each_with_a_solution() -> None:
-    assert len(TASKS) == 11
-    assert {t.config["family"] for t in TASKS} == {"os", "libreoffice_calc", "libreoffice_writer"}
+def test_the_fixtures_are_twelve_tasks_from_four_domains_each_with_a_solution() -> None:
+    assert len(TASKS) == 12
+    domains = {t.config["family"] for t in TASKS}
+    assert domains == {"os", "libreoffice_calc", "libreoffice_writer", "chrome"}
     assert {t.task_id for t in TASKS} == set(SOLUTIONS)
 
 
