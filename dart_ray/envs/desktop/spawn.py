@@ -51,7 +51,11 @@ def spawn_server(
         cmd = profile.run_as_user([str(profile.PYTHON), *cmd[1:], "--osworld-profile"])
         if root is not None:
             profile.give_to_user(root)
-        env |= {
+        # only what the server needs: the desktop runs as `user`, who can read this process's
+        # environment, so none of the caller's (root's) variables go with it
+        keep = {k: v for k, v in os.environ.items() if k in ("LANG", "LC_ALL", "TZ")}
+        env = keep | {
+            "DART_DESKTOP_TOKEN": token,
             "HOME": str(profile.HOME),
             "USER": profile.USER,
             "LOGNAME": profile.USER,
