@@ -83,7 +83,7 @@ test-bench: $(STAMP)
 test-vllm: vllm-venv
 	$(VLLM_VENV)/bin/python -m pytest $(VLLM_PYTEST_ARGS)
 
-.PHONY: osworld-venv test-osworld
+.PHONY: osworld-venv test-osworld test-osworld-apps osworld-desktop
 osworld-venv:
 	bash scripts/setup-osworld-venv.sh $(OSWORLD_VENV)
 
@@ -91,6 +91,15 @@ osworld-venv:
 test-osworld: $(STAMP) osworld-venv
 	bash scripts/install-test-deps.sh
 	DART_OSWORLD_VENV=$(OSWORLD_VENV) $(VENV)/bin/pytest $(OSWORLD_PYTEST_ARGS)
+
+# the OSWorld desktop profile (apps, the `user` account, sudo; needs root) and the tier that
+# solves our OSWorld-format tasks on it (marker `osworld_apps`; LibreOffice makes it slow, so
+# `make test` leaves it out)
+osworld-desktop:
+	bash scripts/install-osworld-desktop.sh
+
+test-osworld-apps: $(STAMP) osworld-venv osworld-desktop
+	DART_OSWORLD_VENV=$(abspath $(OSWORLD_VENV)) $(VENV)/bin/pytest -m osworld_apps tests/envs
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(OSWORLD_VENV) runs .pytest_cache .ruff_cache

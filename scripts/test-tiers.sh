@@ -19,7 +19,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
-BASE="not gpu and not learning and not schedule and not bench"
+BASE="not gpu and not learning and not schedule and not bench and not osworld_apps"
 if [ $# -gt 0 ]; then
   exec "$VENV/bin/pytest" "$@"
 fi

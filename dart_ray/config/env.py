@@ -69,6 +69,10 @@ class DesktopOptions(Section):
     setup steps; a task's `apps` wins. Unset: what the server was started with (none for ours)."""
     window_manager: str = "openbox"
     """Window manager for our local desktop."""
+    osworld_profile: bool = False
+    """Run our local desktop as OSWorld's `user` with HOME /home/user, Ctrl+Alt+T for a
+    terminal, sudo inside (`scripts/install-osworld-desktop.sh` installs it; as root or as
+    `user` only), so OSWorld's task files run unmodified."""
     request_timeout_s: float = Field(default=30.0, gt=0)
     """Seconds one HTTP request to the server may take."""
     accessibility: bool = True

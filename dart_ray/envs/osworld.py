@@ -264,6 +264,7 @@ class LocalDesktopEnv(OSWorldEnv):
             self.options.window_manager,
             self._token,
             root=self._root,
+            osworld_profile=self.options.osworld_profile,
         )
         self.client = self._client(url)
         return proc

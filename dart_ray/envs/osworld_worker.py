@@ -124,6 +124,11 @@ class Network:
             return original(session, method, url, *a, **kw)
 
         requests.sessions.Session.request = request  # type: ignore[method-assign]
+        # OSWorld's URL metrics (compare_urls, via tldextract) would first fetch the public
+        # suffix list from publicsuffix.org; the snapshot tldextract ships serves offline
+        import tldextract
+
+        tldextract.extract = tldextract.TLDExtract(suffix_list_urls=())
 
 
 class Desktop:

@@ -75,6 +75,15 @@ class Machine:
     _resets: int = 0
     _groups: set[int] = field(default_factory=set)
     marker: str = field(default_factory=lambda: secrets.token_hex(8))
+    fixed_home: Path | None = None
+    """A HOME kept at one path (OSWorld's /home/user, see `profile.py`) and emptied on every
+    reset, instead of a fresh folder under `root`."""
+    wm_args: list[str] = field(default_factory=list)
+    atspi: bool = False
+    """Give the desktop a D-Bus session bus and let apps publish their widgets over AT-SPI
+    (`/accessibility` then walks them; the OSWorld profile turns it on)."""
+    dbus_address: str = ""
+    _dbus: subprocess.Popen[bytes] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -121,16 +130,39 @@ class Machine:
         number = _read_display(r, self._xvfb)
         self.display = f":{number}"
         _xauth(auth, self.display, cookie)
+        if self.atspi:
+            self._start_dbus()
         self.reset()
+
+    def _start_dbus(self) -> None:
+        """A session bus for this desktop only. It runs without the desktop's marker, so a
+        reset keeps it (and the AT-SPI registry it activates), like the X server."""
+        if shutil.which("dbus-daemon") is None:
+            raise DesktopError("dbus-daemon is not installed (scripts/install-osworld-desktop.sh)")
+        env = {k: v for k, v in self.env().items() if k != MARKER}
+        self._dbus = subprocess.Popen(
+            ["dbus-daemon", "--session", "--nofork", "--nopidfile", "--print-address=1"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        assert self._dbus.stdout is not None
+        address = self._dbus.stdout.readline().decode().strip()
+        if not address:
+            raise DesktopError(f"dbus-daemon did not start (exit {self._dbus.wait(5)})")
+        self.dbus_address = address
 
     def env(self) -> dict[str, str]:
         """The environment of every process on this desktop."""
         keep = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ")}
-        return keep | {
+        env = keep | {
             "DISPLAY": self.display,
             "XAUTHORITY": str(self.root / "Xauthority"),
             "HOME": str(self.home),
             "USER": os.environ.get("USER", "user"),
+            "LOGNAME": os.environ.get("USER", "user"),
             "SHELL": "/bin/bash",
             "TERM": "xterm",
             "XDG_CONFIG_HOME": str(self.home / ".config"),
@@ -140,14 +172,32 @@ class Machine:
             "PS1": r"\w$ ",
             MARKER: self.marker,
         }
+        if self.atspi:
+            del env["NO_AT_BRIDGE"]  # GTK's bridge stays off while it is set
+            env |= self._atspi_env()
+        return env
+
+    def _atspi_env(self) -> dict[str, str]:
+        """Apps publish their widgets: GTK through its AT-SPI bridge (on unless NO_AT_BRIDGE),
+        Chromium and Qt (VLC) when asked, LibreOffice through its GTK3 plugin."""
+        return {
+            "DBUS_SESSION_BUS_ADDRESS": self.dbus_address,
+            "ACCESSIBILITY_ENABLED": "1",
+            "QT_LINUX_ACCESSIBILITY_ALWAYS_ON": "1",
+            "SAL_USE_VCLPLUGIN": "gtk3",
+        }
 
     def reset(self, wm_ready: Callable[[], bool] = lambda: True) -> None:
         """Kill every app, fresh HOME, window manager up, start-up apps launched."""
         self.stop_apps()
-        if self.home != Path() and self.home.exists():
-            shutil.rmtree(self.home, ignore_errors=True)
         self._resets += 1
-        self.home = self.root / f"home-{self._resets}"
+        if self.fixed_home is not None:
+            _empty(self.fixed_home)
+            self.home = self.fixed_home
+        else:
+            if self.home != Path() and self.home.exists():
+                shutil.rmtree(self.home, ignore_errors=True)
+            self.home = self.root / f"home-{self._resets}"
         for sub in ("Desktop", "Documents", ".config"):
             (self.home / sub).mkdir(parents=True, exist_ok=True)
         (self.root / "run").mkdir(mode=0o700, exist_ok=True)
@@ -160,7 +210,7 @@ class Machine:
         """Start the window manager if it is not running and wait until it has announced
         itself: an app mapped before that may never be listed in `_NET_CLIENT_LIST`."""
         if self._wm is None or self._wm.poll() is not None:
-            self._wm = self._spawn([self.window_manager, "--sm-disable"])
+            self._wm = self._spawn([self.window_manager, "--sm-disable", *self.wm_args])
         deadline = time.monotonic() + timeout_s
         while not wm_ready():
             if time.monotonic() > deadline or self._wm.poll() is not None:
@@ -170,10 +220,10 @@ class Machine:
 
     def close(self) -> None:
         self.stop_apps()
-        for p in (self._wm, self._xvfb):
+        for p in (self._wm, self._dbus, self._xvfb):
             if p is not None:
                 _terminate(p)
-        self._wm = self._xvfb = None
+        self._wm = self._xvfb = self._dbus = None
         shutil.rmtree(self.root, ignore_errors=True)
 
     # ------------------------------------------------------------------ processes
@@ -260,6 +310,19 @@ class Machine:
 
 
 MARKER = "DART_DESKTOP"  # environment variable naming the desktop a process belongs to
+
+
+def _empty(home: Path) -> None:
+    """Remove everything inside `home` (which must exist and be ours), keeping the folder."""
+    if not home.is_dir():
+        raise DesktopError(
+            f"the fixed HOME {home} does not exist (scripts/install-osworld-desktop.sh)"
+        )
+    for entry in home.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 def _group_alive(pgid: int) -> bool:

@@ -28,6 +28,7 @@ from typing import Any
 
 from PIL import Image, ImageDraw, ImageGrab
 
+from dart_ray.envs.desktop import atspi_tree
 from dart_ray.envs.desktop.machine import Machine
 from dart_ray.envs.desktop.xwindows import XWindows, find
 
@@ -208,7 +209,10 @@ class Desktop:
         return 200, buf.getvalue(), "image/png"
 
     def accessibility(self) -> Reply:
-        return json_reply({"AT": self.x.tree_xml(self.m.width, self.m.height)})
+        """The AT-SPI widget tree where the desktop has one (`atspi_tree.py`), else the window
+        list the window manager publishes."""
+        tree = atspi_tree.collect(self.m.env()) if self.m.atspi else None
+        return json_reply({"AT": tree or self.x.tree_xml(self.m.width, self.m.height)})
 
     def apps(self) -> Reply:
         return json_reply(

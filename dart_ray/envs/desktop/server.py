@@ -146,6 +146,17 @@ def _exit_with(parent: int, server: ThreadingHTTPServer, every_s: float = 0.5) -
     server.shutdown()
 
 
+def _use_profile(machine: Machine, ap: argparse.ArgumentParser) -> None:
+    from dart_ray.envs.desktop import profile
+
+    if os.geteuid() == 0:
+        ap.error(f"--osworld-profile runs the desktop as {profile.USER!r}, not as root")
+    machine.fixed_home = profile.HOME
+    machine.atspi = True
+    if Path(machine.window_manager).name == "openbox":
+        machine.wm_args = ["--config-file", str(profile.write_openbox_config(machine.root))]
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="OSWorld-protocol server on a local Xvfb desktop")
     ap.add_argument("--host", default="127.0.0.1")
@@ -162,6 +173,11 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="shut down (X server and apps too) when the process that started us dies",
     )
+    ap.add_argument(
+        "--osworld-profile",
+        action="store_true",
+        help="HOME /home/user, Ctrl+Alt+T opens a terminal (dart_ray/envs/desktop/profile.py)",
+    )
     a = ap.parse_args(argv)
     parent = os.getppid()
     from dart_ray.config import read_secret
@@ -175,6 +191,8 @@ def main(argv: list[str] | None = None) -> None:
         machine = Machine(a.width, a.height, a.window_manager, apps, root=a.root)
     else:
         machine = Machine(a.width, a.height, a.window_manager, apps)
+    if a.osworld_profile:
+        _use_profile(machine, ap)
     machine.start()
     desk = Desktop(machine)
     server = ThreadingHTTPServer((a.host, a.port), make_handler(desk, token))
