@@ -217,7 +217,7 @@ HOW: dict[str, How] = {
     r"dart-ray serve( --model \S+)?( --port \d+)?": How("check", _serve_parses),
     # long runs and services: the flags exist
     r"\.venv/bin/python (benchmarks|scripts)/\w+\.py.*": How("flags"),
-    r"(\.venv/bin/)?python -m dart_ray\.envs\.(minidesk\.generate|desktop\.server|osworld_tasks) .*": How(
+    r"(\.venv/bin/)?python -m dart_ray\.envs\.(minidesk\.generate|desktop\.server|osworld_tasks|osworld_coverage|miniwob_tasks) .*": How(
         "flags"
     ),
     # need what this machine has not: checked against what they act on
@@ -225,7 +225,7 @@ HOW: dict[str, How] = {
         "check", _covered("tests/test_readme_run.py::test_make_run_from_a_clean_clone")
     ),
     r"make test": How("check", _ci_runs_it),
-    r"dart-ray (sft|eval|train) -c configs/(learning|multi-step)\.toml .*": How(
+    r"dart-ray (sft|eval|train) -c configs/(learning|multi-step|miniwob)\.toml( .*)?": How(
         "check", _cli_parses
     ),
     r"make test-fault-schedule": How(
@@ -243,6 +243,20 @@ HOW: dict[str, How] = {
     ),
     r"make gpu-check|scripts/gpu-check\.sh( --dry-run)?( \S+)?": How(
         "check", _covered("tests/test_gpu_check.py::test_the_dry_run_passes_every_step")
+    ),
+    # installs Debian packages, an account and a sudoers file as root: what it installs is
+    # used (and so checked) by the osworld_apps tier
+    r"(sudo )?bash scripts/install-osworld-desktop\.sh": How(
+        "check",
+        _covered(
+            "tests/envs/test_osworld_apps.py::test_the_desktop_runs_as_user_with_home_at_home_user"
+        ),
+    ),
+    r"make (test-osworld-apps|osworld-desktop)": How(
+        "check",
+        _covered(
+            "tests/envs/test_osworld_apps.py::test_osworlds_evaluator_scores_0_before_and_1_after_the_solution"
+        ),
     ),
     r"make osworld-venv": How(
         "check", _covered("tests/envs/test_osworld_official.py::test_osworld_semantics")
