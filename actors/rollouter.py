@@ -30,7 +30,7 @@ from ray import serve
 from ray.util import metrics
 
 from actors.env_host import resolve_session
-from dart_ray.algo.curriculum import Backoff, group_kinds, no_signal_streak
+from dart_ray.algo.curriculum import Backoff
 from dart_ray.config import Config
 from dart_ray.engines.base import SamplingParams
 from dart_ray.records import PackedTasks, Status, Trajectory
@@ -43,10 +43,10 @@ from dart_ray.rollout.episode import (
     new_trajectory_id,
     run_episode,
 )
+from dart_ray.rollout.history import LogHistory
 from dart_ray.rollout.scheduler import PlannedSlot, Scheduler, TaskHistory
 from dart_ray.store import EpisodeStart, open_store
 from dart_ray.store.episodes import log_unfinished
-from dart_ray.store.log import TaskStats
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +131,7 @@ class Rollouter:
         self._backoff = (
             Backoff(after=r.backoff_after, max_skips=r.backoff_max_skips) if r.backoff else None
         )
+        self._histories = LogHistory(self.store.log, run_id, config, mine, self._backoff)
         self.scheduler = Scheduler(
             mine,
             n_rollouts=config.rollout.n_rollouts,
@@ -140,6 +141,7 @@ class Rollouter:
             seed=config.run.seed + shard[0],
             incarnation=f"{uuid.uuid4().hex[:6]}-",
             backoff=self._backoff,
+            backoff_key=self._histories.key,
         )
         self.policy = ServePolicy(serve.get_deployment_handle("PolicyServer", policy_app))
         # names, looked up here (the run passes names: an actor handle among a restartable
@@ -194,36 +196,9 @@ class Rollouter:
         return len(lost)
 
     def _history(self, task_id: str) -> TaskHistory:
-        window = 2 * self.c.rollout.n_rollouts
-        recent = self.store.log.recent_outcomes(self.run_id, task_id, window)
-        thr = self.c.rollout.success_threshold
-        stats = self.store.log.task_stat(self.run_id, task_id)
-        return TaskHistory(
-            recent_success=sum(r >= thr for r in recent) / len(recent) if recent else None,
-            longest_success=stats.success_steps_max if stats else 0,
-            no_signal_streak=self._streak(task_id, stats),
-        )
-
-    def _streak(self, task_id: str, stats: TaskStats | None) -> int:
-        """The task's groups without signal in a row, from the log (0 without back-off). An
-        all-fail group counts only when the curator would have no success to replay into
-        it: replay is off, the task never succeeded, or its newest success is beyond
-        `curation.max_staleness` versions (the curator's own bound, on plain versions)."""
-        if self._backoff is None:
-            return 0
-        # the groups that matter, at most n_rollouts rows each, plus two for groups still
-        # filling (a cut-off oldest group reads as open, which counts for nothing)
-        limit = (self._backoff.window + 2) * self.c.rollout.n_rollouts
-        rows = self.store.log.recent_group_rows(self.run_id, task_id, limit)
-        cur = self.c.curation
-        replay = (
-            cur.success_replay
-            and stats is not None
-            and stats.last_success_version is not None
-            and self.version - stats.last_success_version <= cur.max_staleness
-        )
-        kinds = group_kinds(rows, threshold=self.c.rollout.success_threshold)
-        return no_signal_streak(kinds, replay=replay, count_solved=self.c.rollout.backoff_solved)
+        # by family, as many of the family's groups may be filling as there are sessions
+        filling = len(self.sessions) if self._histories.by_family else 2
+        return self._histories(task_id, version=self.version, filling=filling)
 
     # ------------------------------------------------------------------ control
 

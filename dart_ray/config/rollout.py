@@ -48,6 +48,14 @@ class RolloutConfig(Section):
     backoff_max_skips: int = Field(default=8, ge=1)
     """Most visits of a task skipped in a row: a backed-off task is still retried at least
     once in every `backoff_max_skips + 1` of its visits."""
+    backoff_scope: Literal["task", "family"] = "task"
+    """What back-off counts groups without signal over and skips visits of. `task`: each task
+    alone (a task must come round `backoff_after` times before it is first skipped, which a
+    short run over many tasks never reaches). `family`: the task's family (its
+    `config["family"]`, else the family its id names, `dart_ray.reporting.families`): the
+    newest `backoff_after` groups of any task of the family, so a family no sample solves is
+    skipped after a few groups, whatever its tasks; a task with a fresh success to replay is
+    never skipped (its all-fail group trains)."""
     backoff_solved: bool = False
     """Back off all-success tasks too. Off by default: the dynamic rollout budget already
     cuts a solved task to its minimum group, and those rollouts are what notices a

@@ -26,6 +26,8 @@ from typing import Any
 
 from rich.table import Table
 
+from dart_ray.records import Task
+
 _DASH_DIGIT = re.compile(r"-\d")
 
 
@@ -39,6 +41,11 @@ def task_family(task_id: str) -> str:
     if m and m.start() > 0:
         return task_id[: m.start()]
     return task_id
+
+
+def family_of(task: Task) -> str:
+    """The family of a task: its `config["family"]`, else the one its id names."""
+    return str(task.config.get("family") or task_family(task.task_id))
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,9 @@ back-off ends soonest (among the next `Backoff.lookahead` tasks in the order, wh
 the history reads per group), so a run always has something to roll out. The skips counted since a
 task's last group live in memory; the streak itself is read from the durable log, so a
 restarted rollouter keeps backing off (it only retries each backed-off task once early).
+
+Back-off is counted per `backoff_key(task)`: the task id (default), or its family, so that
+skipping is decided for a family at once (the history's streak is then the family's).
 """
 
 from __future__ import annotations
@@ -58,10 +61,13 @@ class Scheduler:
         seed: int = 0,
         incarnation: str = "",
         backoff: Backoff | None = None,
+        backoff_key: Callable[[Task], str] | None = None,
     ) -> None:
         """`incarnation` goes into every group id: a restarted rollouter or a resumed run
         passes a fresh one, so its groups never merge with groups of an earlier life that
-        are already in the log. `backoff`: skip tasks without signal (None: never skip)."""
+        are already in the log. `backoff`: skip tasks without signal (None: never skip).
+        `backoff_key`: what skips are counted by (default the task id; a family, say, whose
+        streak `history` then returns for each of its tasks)."""
         if not tasks:
             raise ValueError("the scheduler needs at least one task")
         self.tasks = list(tasks)
@@ -77,9 +83,10 @@ class Scheduler:
         self.groups_opened = 0
         self.incarnation = incarnation
         self.backoff = backoff
-        self._distinct = len({t.task_id for t in self.tasks})
+        self._key: Callable[[Task], str] = backoff_key or (lambda t: t.task_id)
+        self._distinct = len({self._key(t) for t in self.tasks})
         self._skipped: dict[str, int] = {}
-        """Visits of each task skipped since its last group (back-off)."""
+        """Visits skipped since the key's last group, by back-off key (task or family)."""
         self.visits_skipped = 0
         """Visits skipped by back-off, in all."""
 
@@ -94,31 +101,32 @@ class Scheduler:
         """The next task to open a group of, with its history when it was read."""
         if self.backoff is None:
             return self._pop(), None
-        # the visits skipped in this search: task id -> (skips still owed, task, history);
-        # a search ends once `lookahead` different tasks were skipped, so a run whose every
+        # the visits skipped in this search: key -> (skips still owed, task, history);
+        # a search ends once `lookahead` different keys were skipped, so a run whose every
         # task is backed off still opens a group for a bounded number of log reads
         seen: dict[str, tuple[int, Task, TaskHistory]] = {}
         while len(seen) < min(self._distinct, self.backoff.lookahead):
             # a task may come round again (a new epoch's order) before every other was seen:
             # that is another visit, skipped or not by what it still owes
             task = self._pop()
+            key = self._key(task)
             h = self.history(task.task_id)
-            owed = self.backoff.skips(h.no_signal_streak) - self._skipped.get(task.task_id, 0)
+            owed = self.backoff.skips(h.no_signal_streak) - self._skipped.get(key, 0)
             if owed <= 0:
                 return task, h
-            self._skipped[task.task_id] = self._skipped.get(task.task_id, 0) + 1
+            self._skipped[key] = self._skipped.get(key, 0) + 1
             self.visits_skipped += 1
-            seen[task.task_id] = (owed - 1, task, h)
+            seen[key] = (owed - 1, task, h)
         # never starve: the task whose back-off ends soonest (the first seen among equals)
         _, task, h = min(seen.values(), key=lambda v: v[0])
-        self._skipped[task.task_id] -= 1  # this visit was not skipped after all
+        self._skipped[self._key(task)] -= 1  # this visit was not skipped after all
         self.visits_skipped -= 1
         return task, h
 
     def open_group(self) -> list[PlannedSlot]:
         """Plan the next group: its task, size and step limit (one slot per rollout)."""
         task, h = self._next_task()
-        self._skipped.pop(task.task_id, None)
+        self._skipped.pop(self._key(task), None)
         n, steps = self.n_rollouts, self.max_steps
         if self.dynamic:
             if h is None:

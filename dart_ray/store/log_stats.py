@@ -5,7 +5,7 @@ buffer by version and state, success by version, drops). `DurableLog` inherits t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -163,14 +163,21 @@ class LogStats:
         )
         return [r[0] for r in self._fetch(q, "recent_outcomes")]
 
-    def recent_group_rows(self, run_id: str, task_id: str, limit: int) -> list[Outcome]:
-        """The newest `limit` rows of a task, every status (newest first), with their group:
-        what back-off reads a task's streak of groups without signal from
-        (`dart_ray.algo.curriculum.group_kinds`). Served by `ix_rollout_run_task`."""
+    def recent_group_rows(
+        self, run_id: str, task_id: str | Collection[str], limit: int
+    ) -> list[Outcome]:
+        """The newest `limit` rows of a task (or of any of several: a task family), every
+        status (newest first), with their group: what back-off reads a streak of groups
+        without signal from (`dart_ray.algo.curriculum.group_kinds`). Served by
+        `ix_rollout_run_task`."""
         rr = rollout_run.c
+        ids = [task_id] if isinstance(task_id, str) else sorted(task_id)
+        if not ids:
+            raise ValueError("recent_group_rows needs at least one task id")
+        which = rr.task_id == ids[0] if len(ids) == 1 else rr.task_id.in_(ids)
         q = (
             sa.select(rr.group_id, rr.group_size, rr.reward, rr.status)
-            .where(rr.run_id == run_id, rr.task_id == task_id)
+            .where(rr.run_id == run_id, which)
             .order_by(rr.id.desc())
             .limit(limit)
         )
