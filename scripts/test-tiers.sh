@@ -34,61 +34,50 @@ tier() {
   rc=$?
   record "$name" $(($(date +%s) - t0)) "$rc"
 }
+# build_venv NAME MAKE-TARGET [AFTER]: build a venv in the background (after AFTER's build,
+# one pip at a time on 2 cores), its log and "seconds rc" in $TMP_VENVS/NAME{.log,.done}
+TMP_VENVS=$(mktemp -d)
+build_venv() {
+  local name=$1 target=$2 after=${3:-}
+  (
+    [ -n "$after" ] && while [ ! -f "$TMP_VENVS/$after.done" ]; do sleep 5; done
+    local t0 rc
+    t0=$(date +%s)
+    make --no-print-directory "$target" >"$TMP_VENVS/$name.log" 2>&1
+    rc=$?
+    echo "$(($(date +%s) - t0)) $rc" >"$TMP_VENVS/$name.done"
+  ) &
+}
+# venv_ready NAME: wait for NAME's build, print its log, record it; true if it built
+venv_ready() {
+  local name=$1 secs rc
+  while [ ! -f "$TMP_VENVS/$name.done" ]; do sleep 2; done
+  read -r secs rc <"$TMP_VENVS/$name.done"
+  echo "== $name venv (built in the background in ${secs} s):"
+  cat "$TMP_VENVS/$name.log"
+  record "$name-venv" "$secs" "$rc"
+  [ "$rc" = 0 ]
+}
 start=$(date +%s)
-if [ "${TEST_VLLM:-1}" = 1 ]; then
-  venv_log=$(mktemp)
-  (
-    t0=$(date +%s)
-    make --no-print-directory vllm-venv >"$venv_log" 2>&1
-    rc=$?
-    echo "$(($(date +%s) - t0)) $rc" >"$venv_log.done"
-  ) &
-  venv_pid=$!
-fi
-if [ "${TEST_OSWORLD:-1}" = 1 ]; then
-  osw_log=$(mktemp)
-  (
-    # after the vLLM venv's build (one pip at a time on 2 cores); both are done long before
-    # the tiers that need them
-    [ "${TEST_VLLM:-1}" = 1 ] && while [ ! -f "$venv_log.done" ]; do sleep 5; done
-    t0=$(date +%s)
-    make --no-print-directory osworld-venv >"$osw_log" 2>&1
-    rc=$?
-    echo "$(($(date +%s) - t0)) $rc" >"$osw_log.done"
-  ) &
-  osw_pid=$!
-fi
+[ "${TEST_VLLM:-1}" = 1 ] && build_venv vllm vllm-venv
+# after the vLLM venv's build; both are done long before the tiers that need them
+[ "${TEST_OSWORLD:-1}" = 1 ] && build_venv osworld osworld-venv "$([ "${TEST_VLLM:-1}" = 1 ] && echo vllm)"
 tier parallel "$VENV/bin/pytest" -n 2 -m "$BASE and not ray and not slow and not osworld"
 tier ray "$VENV/bin/pytest" --durations=15 -m "$BASE and ray"
 tier cluster "$VENV/bin/pytest" --durations=10 -m "$BASE and slow and not ray and not osworld"
-if [ "${TEST_OSWORLD:-1}" = 1 ]; then
-  wait "$osw_pid"
-  read -r osw_s osw_rc <"$osw_log.done"
-  echo "== osworld venv (built in the background in ${osw_s} s):"
-  cat "$osw_log"
-  rm -f "$osw_log" "$osw_log.done"
-  record "osw-venv" "$osw_s" "$osw_rc"
-  if [ "$osw_rc" = 0 ]; then
-    tier osworld "$VENV/bin/pytest" --durations=5 -m "$BASE and osworld" tests/envs
-  fi
+if [ "${TEST_OSWORLD:-1}" = 1 ] && venv_ready osworld; then
+  tier osworld "$VENV/bin/pytest" --durations=5 -m "$BASE and osworld" tests/envs
 fi
-if [ "${TEST_VLLM:-1}" = 1 ]; then
-  wait "$venv_pid"
-  read -r venv_s venv_rc <"$venv_log.done"
-  echo "== vllm venv (built in the background in ${venv_s} s):"
-  cat "$venv_log"
-  rm -f "$venv_log" "$venv_log.done"
-  record "vllm-venv" "$venv_s" "$venv_rc"
-  if [ "$venv_rc" = 0 ]; then
-    tier vllm make --no-print-directory test-vllm
-  fi
+if [ "${TEST_VLLM:-1}" = 1 ] && venv_ready vllm; then
+  tier vllm make --no-print-directory test-vllm
 fi
+rm -rf "$TMP_VENVS"
 failed=0
-printf '\n%-10s %8s  %s\n' tier seconds result
+printf '\n%-12s %8s  %s\n' tier seconds result
 for i in "${!NAMES[@]}"; do
   [ "${RCS[i]}" = 0 ] && res=passed || { res="FAILED (exit ${RCS[i]})"; failed=1; }
   case "${NAMES[i]}" in *-venv) res="$res (in the background)" ;; esac
-  printf '%-10s %8s  %s\n' "${NAMES[i]}" "${SECS[i]}" "$res"
+  printf '%-12s %8s  %s\n' "${NAMES[i]}" "${SECS[i]}" "$res"
 done
-printf '%-10s %8s\n' wall $(($(date +%s) - start))
+printf '%-12s %8s\n' wall $(($(date +%s) - start))
 exit "$failed"
