@@ -5,7 +5,9 @@ server for `tests/envs/test_osworld_controllers.py`, one JSON call a line on std
     <- {"value": <JSON>} | {"bytes": "<base64>"} | {"raised": "TypeName: message"}
 
 The server's address comes in OSW_URL and its bearer token in OSW_TOKEN (environment, not the
-command line); the worker's `Network` adds the token to the requests OSWorld's client makes.
+command line), the cache folder in OSW_CACHE and Chrome's debugging port in OSW_CHROMIUM_PORT
+(default 9222, OSWorld's); the worker's `Network` adds the token to the requests OSWorld's
+client makes.
 Imports only the standard library, desktop_env and `dart_ray/envs/osworld_worker.py`.
 """
 
@@ -38,7 +40,10 @@ def main() -> None:
     objs: dict[str, Any] = {
         "controller": PythonController(vm_ip=host, server_port=port),
         "setup": SetupController(
-            vm_ip=host, server_port=port, cache_dir=os.environ.get("OSW_CACHE", "cache")
+            vm_ip=host,
+            server_port=port,
+            chromium_port=int(os.environ.get("OSW_CHROMIUM_PORT", "9222")),
+            cache_dir=os.environ.get("OSW_CACHE", "cache"),
         ),
     }
     objs["controller"].retry_interval = 0.2  # a failing call answers in a second, not 15

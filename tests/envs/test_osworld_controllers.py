@@ -2,10 +2,20 @@
 .venv-osworld) against our desktop server: every call and setup step they offer that can run
 offline works, checked through its effect on the desktop. Markers `desktop` and `osworld`.
 
-Not covered, because they cannot run here: the Chrome steps and getters (`chrome_open_tabs`,
-`chrome_close_tabs`, `update_browse_history`, `login`: Playwright over Chrome's debugging
-port, and Playwright's browser is a download), `googledrive` and `proxy` (the internet), and
-`tidy_desktop`, `act`, `replay` (OSWorld raises NotImplementedError for them itself).
+The Chrome steps run on Debian's Chromium, without the OSWorld profile, launched through the
+`launch` step with its debugging port on the port the SetupController is given
+(`chromium_port`, as `DesktopEnv` passes it) and its profile where OSWorld's tasks keep it
+(`~/.config/google-chrome`): `chrome_open_tabs` and `chrome_close_tabs` (Playwright's
+`connect_over_cdp`: the pip package's driver, no browser download), checked in Chromium's own
+tab list (`/json/list`); `update_browse_history`, whose empty History template OSWorld
+downloads from Hugging Face unless the cache holds one, with a template made from this
+Chromium (`dart_ray.envs.chrome_history`), checked in the uploaded file and on Chromium's
+history page.
+
+Not covered, because they cannot run here: `login` (signs in to Google Drive in Chrome with a
+real account), `googledrive` (Google Drive's API with OAuth settings) and `proxy` (installs
+tinyproxy with apt and chains it to a commercial proxy pool): all need the internet and
+credentials. `tidy_desktop`, `act` and `replay` raise NotImplementedError in OSWorld itself.
 """
 
 from __future__ import annotations
@@ -16,6 +26,8 @@ import io
 import json
 import os
 import shutil
+import socket
+import sqlite3
 import subprocess
 import threading
 import time
@@ -28,6 +40,7 @@ import pytest
 import requests
 from PIL import Image
 
+from dart_ray.envs.chrome_history import CHROMIUMS, make_history_template
 from dart_ray.envs.desktop.spawn import spawn_server
 from tests.envs.osworld_venv import VENV, has_venv
 
@@ -38,13 +51,27 @@ pytestmark = [
     has_venv,
 ]
 TOKEN = "osworld-controllers-test-token"
+CHROMIUM = next((c for c in CHROMIUMS if shutil.which(c)), None)
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (install-test-deps)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 class OSWorldClient:
     """OSWorld's controllers in their venv, called one JSON line at a time."""
 
-    def __init__(self, url: str, cache: Path) -> None:
-        env = os.environ | {"OSW_URL": url, "OSW_TOKEN": TOKEN, "OSW_CACHE": str(cache)}
+    def __init__(self, url: str, cache: Path, chromium_port: int) -> None:
+        self.cache, self.chromium_port = cache, chromium_port
+        env = os.environ | {
+            "OSW_URL": url,
+            "OSW_TOKEN": TOKEN,
+            "OSW_CACHE": str(cache),
+            "OSW_CHROMIUM_PORT": str(chromium_port),
+        }
         self.proc = subprocess.Popen(
             [str(VENV / "bin" / "python"), str(Path(__file__).with_name("osworld_rpc.py"))],
             stdin=subprocess.PIPE,
@@ -109,6 +136,62 @@ class Desk:
         return True
 
 
+class Chrome:
+    """The desktop's Chromium, seen through its debugging port (where SetupController connects).
+
+    OSWorld's tasks launch `google-chrome --remote-debugging-port=1337` and forward port 9222
+    to it with socat (the profile's wrapper and socat); here Debian's Chromium listens on the
+    port the SetupController was given, with its profile where OSWorld's is."""
+
+    def __init__(self, osw: OSWorldClient, desk: Desk) -> None:
+        assert CHROMIUM is not None
+        self.base = f"http://127.0.0.1:{osw.chromium_port}"
+        self.profile = desk.sh("echo $HOME").strip() + "/.config/google-chrome"
+        root = ["--no-sandbox"] if os.geteuid() == 0 else []  # Chromium refuses root without
+        flags = ["--no-first-run", "--no-default-browser-check", *root]
+        port = f"--remote-debugging-port={osw.chromium_port}"
+        osw.setup("launch", command=[CHROMIUM, port, f"--user-data-dir={self.profile}", *flags])
+        deadline = time.monotonic() + 30
+        while not self._targets():
+            assert time.monotonic() < deadline, "Chromium's debugging port did not answer"
+            time.sleep(0.25)
+
+    def _targets(self) -> list[dict[str, Any]]:
+        try:
+            r = requests.get(self.base + "/json/list", timeout=5)
+        except requests.ConnectionError:
+            return []
+        return [t for t in r.json() if t["type"] == "page"]
+
+    def tabs(self) -> list[str]:
+        return sorted(t["url"] for t in self._targets())
+
+    def page_text(self, url: str, expect: str, timeout_s: float = 20.0) -> str:
+        """The text of the first tab after it goes to `url`, shadow DOM included (Chromium's
+        own pages are web components), once it holds `expect` or the time is up."""
+        websocket = pytest.importorskip("websocket")  # websocket-client, selenium's dependency
+        ws = websocket.create_connection(
+            self._targets()[0]["webSocketDebuggerUrl"], suppress_origin=True, timeout=10
+        )
+        walk = (
+            "(() => { const t = n => { let s = n.shadowRoot ? t(n.shadowRoot) : '';"
+            " for (const c of n.childNodes) s += c.nodeType === 3 ? c.textContent + ' ' : t(c);"
+            " return s; }; return t(document.body); })()"
+        )
+        try:
+            ws.send(json.dumps({"id": 1, "method": "Page.navigate", "params": {"url": url}}))
+            json.loads(ws.recv())
+            deadline, text = time.monotonic() + timeout_s, ""
+            while expect not in text and time.monotonic() < deadline:
+                time.sleep(0.25)
+                params = {"expression": walk, "returnByValue": True}
+                ws.send(json.dumps({"id": 2, "method": "Runtime.evaluate", "params": params}))
+                text = str(json.loads(ws.recv())["result"]["result"].get("value", ""))
+            return text
+        finally:
+            ws.close()
+
+
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
     proc, url = spawn_server(640, 480, "openbox", TOKEN)
@@ -121,10 +204,23 @@ def server() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def osw(server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OSWorldClient]:
-    client = OSWorldClient(server, tmp_path_factory.mktemp("osworld-cache"))
+    client = OSWorldClient(server, tmp_path_factory.mktemp("osworld-cache"), free_port())
     yield client
     client.proc.kill()
     client.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Base URL of a web server on this machine with pages a.html and b.html."""
+    root = tmp_path_factory.mktemp("pages")
+    for name in ("a", "b"):
+        (root / f"{name}.html").write_text(f"<title>{name}</title>page {name}")
+    handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(root))  # noqa: E731
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
 
 
 @pytest.fixture
@@ -275,3 +371,52 @@ def test_wallpaper(osw: OSWorldClient, desk: Desk) -> None:
     )
     osw.setup("change_wallpaper", path="~/wall.png")
     assert osw.c("get_vm_wallpaper") == buf.getvalue()
+
+
+@needs_chromium
+def test_chrome_tabs(osw: OSWorldClient, desk: Desk, pages: str) -> None:
+    chrome = Chrome(osw, desk)
+    assert len(chrome.tabs()) == 1  # the tab it starts with (chrome://newtab/ here)
+    a, b = pages + "/a.html", pages + "/b.html"
+    # Playwright's connect_over_cdp: needs only the pip package's driver, no browser download
+    osw.setup("chrome_open_tabs", urls_to_open=[a, b])
+    assert chrome.tabs() == [a, b]  # and the tab Chromium opened with is closed
+    osw.setup("chrome_close_tabs", urls_to_close=[a])  # (OSWorld waits 5 s first)
+    assert chrome.tabs() == [b]
+
+
+@needs_chromium
+def test_update_browse_history(osw: OSWorldClient, desk: Desk, tmp_path: Path) -> None:
+    history = [
+        {
+            "url": "http://example.test/1",
+            "title": "An hour ago",
+            "visit_time_from_now_in_seconds": 3600,
+        },
+        {
+            "url": "http://example.test/2",
+            "title": "A minute ago",
+            "visit_time_from_now_in_seconds": 60,
+        },
+    ]
+    step = {"type": "update_browse_history", "parameters": {"history": history}}
+    template = osw.cache / "history_new.sqlite"
+    template.unlink(missing_ok=True)
+    # without a template in the cache, OSWorld downloads one from Hugging Face: refused here
+    assert "outside this machine" in osw.call_raw("setup", "setup", [step])["raised"]
+    make_history_template(template)
+    assert osw.call("setup", "setup", [step]) is True
+    # uploaded where OSWorld puts Chrome's History on Linux: the desktop's
+    # $HOME/.config/google-chrome/Default/History
+    (tmp_path / "History").write_bytes(osw.c("get_file", "~/.config/google-chrome/Default/History"))
+    with sqlite3.connect(tmp_path / "History") as db:
+        rows = db.execute(
+            "SELECT u.url, u.title, v.visit_time FROM urls u JOIN visits v ON v.url = u.id"
+            " ORDER BY v.visit_time"
+        ).fetchall()
+    assert [r[:2] for r in rows] == [(h["url"], h["title"]) for h in history]
+    # Chrome's time is microseconds since 1601: the two visits are 3600 - 60 = 3540 s apart
+    assert abs((rows[1][2] - rows[0][2]) / 1e6 - 3540) < 5
+    # and Chromium, started on that profile, lists both visits on its history page
+    text = Chrome(osw, desk).page_text("chrome://history", "A minute ago")
+    assert "A minute ago" in text and "An hour ago" in text
