@@ -90,7 +90,13 @@ class DesktopOptions(Section):
     osworld_cache_dir: Path | None = None
     """OSWorld's cache folder (`<dir>/<task id>/<file>`): files a task's `cloud_file` getter
     names that are already here are read instead of downloaded, so such tasks score offline.
-    Unset: a temporary folder per env; those tasks then fail, naming the task and getter."""
+    Unset: a temporary folder per env; those tasks then fail, naming the task and getter.
+    Our set-up reads it too: a `download` step's file cached as OSWorld caches it
+    (`<dir>/<task id>/<uuid5(NAMESPACE_URL, url)>_<file name>`) is uploaded instead of
+    downloaded, and `update_browse_history` keeps its empty History database there."""
+    chromium_port: int = Field(default=9222, ge=1, le=65535)
+    """The desktop's Chrome DevTools port (OSWorld's `chromium_port`: its tasks start Chrome on
+    1337 and forward 9222 to it), for the Chrome setup steps and OSWorld's Chrome getters."""
 
 
 class EnvConfig(Section):

@@ -10,9 +10,8 @@ Three ways to get a desktop, one Env:
 - `env.kind = "desktop"` (`LocalDesktopEnv`): our own server (`dart_ray.envs.desktop.server`)
   on a private Xvfb display, started by the env itself with a random bearer token.
 
-A task's `config` follows OSWorld's task files: `config` is a list of setup steps (`launch`,
-`execute`/`command`, `open`, `sleep`, `activate_window`, `close_window`, `upload_file`,
-`download`) and `evaluator` is getter/metric pairs, scored by ours (`dart_ray.envs.osworld_eval`)
+A task's `config` follows OSWorld's task files: `config` is a list of setup steps (run by
+`dart_ray.envs.osworld_setup`: `launch`, `execute`, `open`, `download`, the Chrome steps, ...) and `evaluator` is getter/metric pairs, scored by ours (`dart_ray.envs.osworld_eval`)
 or, with `env.desktop.evaluator = "osworld"`, by OSWorld's own (`dart_ray.envs.osworld_official`,
 in its own venv). Actions
 become pyautogui code (`dart_ray.envs.pyautogui_code`, where model strings are only ever
@@ -54,6 +53,7 @@ from dart_ray.envs.base import (
 )
 from dart_ray.envs.osworld_client import EmulatorPool, EnvProtocolError, OSWorldClient
 from dart_ray.envs.osworld_official import OSWorldEvaluator
+from dart_ray.envs.osworld_setup import run_step
 from dart_ray.envs.pyautogui_code import DONE, FAIL, WAIT, UnsafeAction, to_code
 from dart_ray.envs.taskfile import TaskFileError, check_task_id
 from dart_ray.records import Action, Observation, Task
@@ -99,7 +99,7 @@ class OSWorldEnv(Env):
         c = self._need_client()
         c.reset(task.config.get("apps", self.options.apps))
         for i, step in enumerate(steps):
-            self._setup_step(c, i, step)
+            run_step(c, self.options, task.task_id, i, step)
         self.task, self.last_action, self._done = task, None, False
         return self._observe(c)
 
@@ -137,13 +137,15 @@ class OSWorldEnv(Env):
             return self._osworld().evaluate(self.task, c.base, self.token, self.last_action, screen)
         # OSWorld runs the evaluator's `postconfig` setup steps before its getters
         for i, step in enumerate(evaluator.get("postconfig", [])):
-            self._setup_step(c, i, step)
+            run_step(c, self.options, self.task.task_id, i, step)
         return osworld_eval.evaluate(c, evaluator, self.last_action)
 
     def _osworld(self) -> OSWorldEvaluator:
         if self._official is None:
             self._official = OSWorldEvaluator(
-                self.options.osworld_venv, self.options.osworld_cache_dir
+                self.options.osworld_venv,
+                self.options.osworld_cache_dir,
+                chromium_port=self.options.chromium_port,
             )
         return self._official
 
@@ -186,39 +188,6 @@ class OSWorldEnv(Env):
             self._has_apps_endpoint = False
         elif crashed:
             raise EnvCrashed(f"application(s) crashed on the desktop: {', '.join(crashed)}")
-
-    def _setup_step(self, c: OSWorldClient, i: int, step: Any) -> None:
-        if not isinstance(step, dict) or "type" not in step:
-            raise EnvInputError(f"setup step {i}: needs a 'type'")
-        kind, p = step["type"], step.get("parameters", {})
-        if kind == "sleep":
-            time.sleep(float(p.get("seconds", 1)))
-        elif kind in ("execute", "command"):
-            r = c.setup("execute", {"command": p["command"], "shell": bool(p.get("shell", False))})
-            if r.get("returncode") not in (0, None):
-                raise EnvInputError(f"setup step {i} ({kind}) failed: {r.get('error', '')[-300:]}")
-        elif kind in (
-            "launch",
-            "open",
-            "activate_window",
-            "close_window",
-            "change_wallpaper",
-            "execute_with_verification",
-        ):
-            endpoint = {"open": "open_file"}.get(kind, kind)
-            c.setup(endpoint, p)
-            time.sleep(float(p.get("wait", 0.0)))
-        elif kind == "upload_file":
-            for f in p.get("files", []):
-                data = (
-                    f["content"].encode() if "content" in f else Path(f["local_path"]).read_bytes()
-                )
-                c.upload(f["path"], data)
-        elif kind == "download":
-            for f in p.get("files", []):
-                c.setup("download_file", {"url": f["url"], "path": f["path"]})
-        else:
-            raise EnvInputError(f"setup step {i}: unknown type {kind!r}")
 
 
 def sys_python() -> str:

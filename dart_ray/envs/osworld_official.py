@@ -60,6 +60,7 @@ def request_line(
     last_action: str | None,
     cache_dir: Path,
     screen: tuple[int, int],
+    chromium_port: int = 9222,
 ) -> str:
     """The JSON line the worker reads for one evaluation."""
     evaluator = task.config.get("evaluator")
@@ -74,6 +75,7 @@ def request_line(
         "cache_dir": str(cache_dir),
         "screen_width": screen[0],
         "screen_height": screen[1],
+        "chromium_port": chromium_port,
     }
     return json.dumps(req) + "\n"
 
@@ -104,8 +106,15 @@ class OSWorldEvaluator:
     downloaded, which is how a task that needs the internet is scored offline. Unset: a
     temporary folder, removed by close()."""
 
-    def __init__(self, venv: Path, cache_dir: Path | None = None, timeout_s: float = 300.0):
+    def __init__(
+        self,
+        venv: Path,
+        cache_dir: Path | None = None,
+        timeout_s: float = 300.0,
+        chromium_port: int = 9222,
+    ):
         self.python = venv_python(venv)
+        self.chromium_port = chromium_port
         self._own_cache = cache_dir is None
         self.cache = cache_dir or Path(tempfile.mkdtemp(prefix="dart-osworld-cache-"))
         self.cache.mkdir(parents=True, exist_ok=True)
@@ -123,7 +132,8 @@ class OSWorldEvaluator:
         screen: tuple[int, int] = (1920, 1080),
     ) -> float:
         """OSWorld's score of the desktop's end state for `task` (0.0..1.0)."""
-        line = request_line(task, server_url, token, last_action, self.cache / task.task_id, screen)
+        cache = self.cache / task.task_id
+        line = request_line(task, server_url, token, last_action, cache, screen, self.chromium_port)
         with self._lock:
             try:
                 proc = self._started(task.task_id)
