@@ -10,16 +10,19 @@ checkout, three questions:
   right after set-up 0, without an error (an initial state that scores 1 is reported too).
 
 A task is excluded before anything runs when reading it shows it cannot run here, and the
-reason is recorded: it downloads its files or reads `cloud_file` (the internet), needs Google
-Drive or a login, drives Chrome through Playwright in its set-up, needs VS Code (not packaged
-by Debian), GNOME (VM-only), or a metric whose package the venv leaves out. Set-up and
+reason is recorded: it downloads its files or reads `cloud_file` (the internet) and they are
+not in the `--cache` folder, opens a web page or needs Google Drive or a login, needs VS Code
+(not packaged by Debian), GNOME (VM-only), or a metric whose package the venv leaves out. Set-up and
 evaluation run only for the rest, one desktop reused (a reset between tasks), and a desktop
 that fails or overruns is replaced.
 
     python -m dart_ray.envs.osworld_coverage --osworld /path/to/OSWorld --json out.json \\
-        [--domains os,vlc] [--limit-s 120] [--static]
+        [--domains os,vlc] [--limit-s 120] [--static] [--cache DIR]
 
-`--static` only loads and classifies (seconds). The table (domain, tasks, loads, excluded,
+`--static` only loads and classifies (seconds). `--cache DIR` is OSWorld's cache folder, laid
+out as OSWorld's `DesktopEnv` lays it (`<DIR>/<task id>/<uuid5(NAMESPACE_URL, url)>_<file
+name>` for a `download` step's file, `<DIR>/<task id>/<dest>` for a `cloud_file` getter's):
+a task whose files are all there is run, its set-up and evaluation reading them from there. The table (domain, tasks, loads, excluded,
 run, sets up, evaluates) goes to stdout; the JSON has one record per task.
 """
 
@@ -37,10 +40,10 @@ from pathlib import Path
 from typing import Any
 
 from dart_ray.envs.osworld import task_from_json
+from dart_ray.envs.osworld_setup import cache_name
 from dart_ray.envs.osworld_worker import BROWSER_ONLINE, LEFT_OUT
 from dart_ray.records import Task
 
-PLAYWRIGHT_SETUP = {"chrome_open_tabs", "chrome_close_tabs", "update_browse_history"}
 ONLINE_SETUP = {"googledrive", "login", "proxy"}
 GNOME = ("gsettings", "gnome-", "nautilus", "check_gnome_favorite_apps", "dconf")
 
@@ -74,24 +77,60 @@ def _metrics(evaluator: dict[str, Any]) -> list[str]:
     return [f for f in (func if isinstance(func, list) else [func]) if isinstance(f, str)]
 
 
-def exclusion_reasons(raw: dict[str, Any], domain: str) -> list[str]:
-    """Why this task cannot run on our offline desktop (empty: it may)."""
-    reasons: list[str] = []
-    steps = [s for s in raw.get("config", []) if isinstance(s, dict)]
+def _steps(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """The task's set-up steps and its evaluator's postconfig steps."""
     evaluator = raw.get("evaluator", {}) if isinstance(raw.get("evaluator"), dict) else {}
-    post = [s for s in evaluator.get("postconfig", []) if isinstance(s, dict)]
-    kinds = {s.get("type") for s in steps + post}
-    if "download" in kinds:
+    steps = list(raw.get("config", [])) + list(evaluator.get("postconfig", []))
+    return [s for s in steps if isinstance(s, dict)]
+
+
+def _cloud_files(evaluator: dict[str, Any]) -> Iterator[str]:
+    """The `dest` names of the task's `cloud_file` getters (files of its cache folder)."""
+    for key in ("result", "expected"):
+        value = evaluator.get(key)
+        for g in value if isinstance(value, list) else [value]:
+            if isinstance(g, dict) and g.get("type") == "cloud_file":
+                dest = g.get("dest", [])
+                yield from dest if isinstance(dest, list) else [dest]
+
+
+def uncached(raw: dict[str, Any], cache: Path | None) -> tuple[list[str], list[str]]:
+    """The task's download URLs and `cloud_file` names not in `<cache>/<task id>/`, as OSWorld
+    keys them (all of them without a cache)."""
+    folder = cache / str(raw.get("id")) if cache is not None else None
+    downloads = [
+        f["url"]
+        for s in _steps(raw)
+        if s.get("type") == "download"
+        for f in s.get("parameters", {}).get("files", [])
+        if folder is None or not (folder / cache_name(f["url"], f["path"])).is_file()
+    ]
+    evaluator = raw.get("evaluator", {}) if isinstance(raw.get("evaluator"), dict) else {}
+    clouds = [
+        d for d in _cloud_files(evaluator) if folder is None or not (folder / str(d)).is_file()
+    ]
+    return downloads, clouds
+
+
+def exclusion_reasons(raw: dict[str, Any], domain: str, cache: Path | None = None) -> list[str]:
+    """Why this task cannot run on our offline desktop (empty: it may). With a `cache`, files
+    found there (`download` steps' and `cloud_file` getters') need no internet."""
+    reasons: list[str] = []
+    steps = _steps(raw)
+    evaluator = raw.get("evaluator", {}) if isinstance(raw.get("evaluator"), dict) else {}
+    kinds = {s.get("type") for s in steps}
+    downloads, clouds = uncached(raw, cache)
+    if downloads:
         reasons.append("internet: downloads its files (setup `download`)")
     if kinds & ONLINE_SETUP:
         reasons.append(f"internet: setup {sorted(kinds & ONLINE_SETUP)}")
-    if kinds & PLAYWRIGHT_SETUP:
-        reasons.append(f"Chrome via Playwright: setup {sorted(kinds & PLAYWRIGHT_SETUP)}")
-    commands = json.dumps([s.get("parameters", {}) for s in steps + post])
-    if "download" not in kinds and ("http://" in commands or "https://" in commands):
+    # a download's URL is the cache's business; browsing history rows are only written down
+    fetched = [s for s in steps if s.get("type") not in ("download", "update_browse_history")]
+    commands = json.dumps([s.get("parameters", {}) for s in fetched])
+    if "http://" in commands or "https://" in commands:
         reasons.append("internet: a setup step names a URL")
     getters = set(_getters(evaluator))
-    if "cloud_file" in getters:
+    if clouds:
         reasons.append("internet: getter `cloud_file`")
     if getters & BROWSER_ONLINE:
         reasons.append(f"internet: getter {sorted(getters & BROWSER_ONLINE)}")
@@ -107,7 +146,9 @@ def exclusion_reasons(raw: dict[str, Any], domain: str) -> list[str]:
     return reasons
 
 
-def classify(osworld: Path, index: Path, domains: set[str] | None) -> list[tuple[Coverage, Task]]:
+def classify(
+    osworld: Path, index: Path, domains: set[str] | None, cache: Path | None = None
+) -> list[tuple[Coverage, Task]]:
     """Every task of the index with its static answers (loads, excluded and why)."""
     out: list[tuple[Coverage, Task]] = []
     for domain, ids in json.loads(index.read_text()).items():
@@ -124,7 +165,7 @@ def classify(osworld: Path, index: Path, domains: set[str] | None) -> list[tuple
                 out.append((cov, Task(task_id, "", "desktop", {})))
                 continue
             cov.loads = True
-            cov.reasons = exclusion_reasons(raw, domain)
+            cov.reasons = exclusion_reasons(raw, domain, cache)
             cov.excluded = bool(cov.reasons)
             out.append((cov, task))
     return out
@@ -150,14 +191,20 @@ def _with_limit(limit_s: float, fn: Any, *args: Any) -> Any:
     return box.get("value")
 
 
-def run_tasks(todo: list[tuple[Coverage, Task]], venv: Path, limit_s: float) -> None:
+def run_tasks(
+    todo: list[tuple[Coverage, Task]], venv: Path, limit_s: float, cache: Path | None = None
+) -> None:
     """Set up and evaluate each task on one desktop (replaced when a task breaks it)."""
     from dart_ray.config import EnvConfig
     from dart_ray.config.env import DesktopOptions
     from dart_ray.envs.osworld import LocalDesktopEnv
 
     options = DesktopOptions(
-        evaluator="osworld", osworld_venv=venv, osworld_profile=True, request_timeout_s=limit_s
+        evaluator="osworld",
+        osworld_venv=venv,
+        osworld_profile=True,
+        request_timeout_s=limit_s,
+        osworld_cache_dir=cache,
     )
     cfg = EnvConfig(kind="desktop", screen_width=1920, screen_height=1080, desktop=options)
     env: LocalDesktopEnv | None = None
@@ -233,14 +280,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--limit-s", type=float, default=120.0, help="per task, set-up and evaluation")
     p.add_argument("--venv", type=Path, default=Path(".venv-osworld"), help="OSWorld's venv")
     p.add_argument("--static", action="store_true", help="only load and classify")
+    p.add_argument(
+        "--cache",
+        type=Path,
+        help="OSWorld's cache folder (<dir>/<task id>/<uuid5(url)>_<name>, cloud_file dests): "
+        "tasks whose files are all there count as offline, and set up and score from it",
+    )
     a = p.parse_args(argv)
     index = a.osworld / "evaluation_examples" / a.index
     if not index.is_file():
         print(f"osworld_coverage: no index {index}", file=sys.stderr)
         return 2
-    rows = classify(a.osworld, index, {d for d in a.domains.split(",") if d} or None)
+    cache = a.cache.absolute() if a.cache is not None else None
+    rows = classify(a.osworld, index, {d for d in a.domains.split(",") if d} or None, cache)
     if not a.static:
-        run_tasks([(c, t) for c, t in rows if c.loads and not c.excluded], a.venv, a.limit_s)
+        todo = [(c, t) for c, t in rows if c.loads and not c.excluded]
+        run_tasks(todo, a.venv, a.limit_s, cache)
     covs = [c for c, _ in rows]
     print(table(covs))
     for why, n in reason_counts(covs).items():

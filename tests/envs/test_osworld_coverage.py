@@ -9,6 +9,7 @@ from typing import Any
 
 from dart_ray.envs.desktop.machine import _empty
 from dart_ray.envs.osworld_coverage import Coverage, exclusion_reasons, main, table
+from dart_ray.envs.osworld_setup import cache_name
 
 
 def _task(task_id: str, config: list[Any], evaluator: dict[str, Any]) -> dict[str, Any]:
@@ -23,11 +24,26 @@ OFFLINE = _task(
 DOWNLOADS = _task(
     "download-1",
     [{"type": "download", "parameters": {"files": [{"url": "https://x/y.xlsx", "path": "/p"}]}}],
-    {"func": "compare_table", "result": {"type": "vm_file"}, "expected": {"type": "cloud_file"}},
+    {
+        "func": "compare_table",
+        "result": {"type": "vm_file"},
+        "expected": {"type": "cloud_file", "path": "https://x/gold.xlsx", "dest": "gold.xlsx"},
+    },
 )
-CHROME = _task(
+CHROME = _task(  # our client runs the Chrome steps; opening a web page needs the internet
     "chrome-1",
-    [{"type": "chrome_open_tabs", "parameters": {"urls_to_open": ["about:blank"]}}],
+    [{"type": "chrome_open_tabs", "parameters": {"urls_to_open": ["https://example.com"]}}],
+    {"func": "is_expected_tabs", "result": {"type": "open_tabs_info"}},
+)
+HISTORY = _task(  # history rows are only written down: no page is fetched
+    "history-1",
+    [
+        {"type": "chrome_open_tabs", "parameters": {"urls_to_open": ["about:blank"]}},
+        {
+            "type": "update_browse_history",
+            "parameters": {"history": [{"url": "https://example.com", "title": "E"}]},
+        },
+    ],
     {"func": "is_expected_tabs", "result": {"type": "open_tabs_info"}},
 )
 AUDIO = _task("audio-1", [], {"func": ["compare_audios"], "result": [{"type": "vm_file"}]})
@@ -42,13 +58,29 @@ def test_each_reason_names_what_the_task_needs() -> None:
         "internet: downloads its files (setup `download`)",
         "internet: getter `cloud_file`",
     ]
-    assert exclusion_reasons(CHROME, "chrome") == [
-        "Chrome via Playwright: setup ['chrome_open_tabs']"
-    ]
+    assert exclusion_reasons(CHROME, "chrome") == ["internet: a setup step names a URL"]
+    assert exclusion_reasons(HISTORY, "chrome") == []
     assert exclusion_reasons(AUDIO, "vlc") == [
         "metric `compare_audios` needs librosa (left out of the venv)"
     ]
     assert exclusion_reasons(OFFLINE, "vs_code") == ["app not packaged by Debian: VS Code"]
+
+
+def test_files_in_the_cache_need_no_internet(tmp_path: Path) -> None:
+    folder = tmp_path / "download-1"  # OSWorld's cache folder of the task
+    folder.mkdir()
+    # the download, keyed as OSWorld's SetupController keys it: half of what the task needs
+    (folder / cache_name("https://x/y.xlsx", "/p")).write_bytes(b"x")
+    assert exclusion_reasons(DOWNLOADS, "libreoffice_calc", tmp_path) == [
+        "internet: getter `cloud_file`"
+    ]
+    (folder / "gold.xlsx").write_bytes(b"x")  # the cloud_file getter's dest: all of it
+    assert exclusion_reasons(DOWNLOADS, "libreoffice_calc", tmp_path) == []
+    # another task's cache folder is not this task's
+    assert exclusion_reasons({**DOWNLOADS, "id": "download-2"}, "os", tmp_path) == [
+        "internet: downloads its files (setup `download`)",
+        "internet: getter `cloud_file`",
+    ]
 
 
 def test_static_run_writes_one_record_per_task_and_a_table_by_domain(
@@ -75,6 +107,16 @@ def test_static_run_writes_one_record_per_task_and_a_table_by_domain(
     assert "| chrome | 2 | 1 | 1 | 0 | 0 | 0 |" in printed
     assert "| os | 2 | 2 | 1 | 0 | 0 | 0 |" in printed
     assert "| **all** | 4 | 3 | 2 | 0 | 0 | 0 |" in printed
+    # with download-1's files in a cache folder, only chrome-1 is left out
+    cache = tmp_path / "cache" / "download-1"
+    cache.mkdir(parents=True)
+    (cache / cache_name("https://x/y.xlsx", "/p")).write_bytes(b"x")
+    (cache / "gold.xlsx").write_bytes(b"x")
+    argv = ["--osworld", str(tmp_path), "--json", str(out), "--static", "--cache"]
+    assert main([*argv, str(tmp_path / "cache")]) == 0
+    rows = {r["task_id"]: r for r in json.loads(out.read_text())}
+    assert not rows["download-1"]["excluded"] and rows["chrome-1"]["excluded"]
+    assert "| os | 2 | 2 | 0 | 0 | 0 | 0 |" in capsys.readouterr().out
 
 
 def test_the_table_counts_what_ran() -> None:
