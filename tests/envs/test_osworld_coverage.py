@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from dart_ray.envs.desktop.machine import _empty
+from dart_ray.envs.osworld_cache import main as cache_main
+from dart_ray.envs.osworld_cache import task_files
 from dart_ray.envs.osworld_coverage import Coverage, exclusion_reasons, main, table
 from dart_ray.envs.osworld_setup import cache_name
 
@@ -135,3 +137,23 @@ def test_a_fixed_home_is_emptied_but_kept(tmp_path: Path) -> None:
     _empty(home)
     assert home.is_dir() and list(home.iterdir()) == []
     assert tmp_path.is_dir()
+
+
+def test_the_cache_list_names_what_the_coverage_looks_for(tmp_path: Path, capsys: Any) -> None:
+    files = list(task_files(DOWNLOADS))
+    assert files == [
+        ("https://x/y.xlsx", f"download-1/{cache_name('https://x/y.xlsx', '/p')}"),
+        ("https://x/gold.xlsx", "download-1/gold.xlsx"),
+    ]
+    examples = tmp_path / "evaluation_examples"
+    (examples / "examples" / "os").mkdir(parents=True)
+    (examples / "examples" / "os" / "download-1.json").write_text(json.dumps(DOWNLOADS))
+    (examples / "test_all.json").write_text(json.dumps({"os": ["download-1"]}))
+    cache = tmp_path / "cache"
+    (cache / "download-1").mkdir(parents=True)
+    (cache / files[1][1]).write_bytes(b"x")  # one of the two already fetched
+    assert cache_main(["--osworld", str(tmp_path), "--missing-from", str(cache)]) == 0
+    assert capsys.readouterr().out == f"{files[0][0]}\t{files[0][1]}\n"
+    # once every listed file is there, the task counts as offline
+    (cache / files[0][1]).write_bytes(b"x")
+    assert exclusion_reasons(DOWNLOADS, "os", cache) == []
