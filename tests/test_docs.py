@@ -217,7 +217,7 @@ HOW: dict[str, How] = {
     r"dart-ray serve( --model \S+)?( --port \d+)?": How("check", _serve_parses),
     # long runs and services: the flags exist
     r"\.venv/bin/python (benchmarks|scripts)/\w+\.py.*": How("flags"),
-    r"(\.venv/bin/)?python -m dart_ray\.envs\.(minidesk\.generate|desktop\.server|osworld_tasks|osworld_coverage|miniwob_tasks|chrome_history) .*": How(
+    r"(\.venv/bin/)?python -m dart_ray\.envs\.(minidesk\.generate|desktop\.server|osworld_tasks|osworld_coverage|osworld_cache|miniwob_tasks|chrome_history) .*": How(
         "flags"
     ),
     # need what this machine has not: checked against what they act on
