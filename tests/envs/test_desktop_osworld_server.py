@@ -250,7 +250,7 @@ def test_an_unknown_endpoint_leaves_the_connection_usable(server: Server) -> Non
 
 def test_our_client_runs_the_new_setup_steps() -> None:
     """OSWorld task configs use `execute_with_verification` and `change_wallpaper` steps,
-    which our client refused as unknown types."""
+    which our client once refused as unknown types."""
     from dart_ray.config import EnvConfig
     from dart_ray.envs.osworld import LocalDesktopEnv
     from dart_ray.records import Task
