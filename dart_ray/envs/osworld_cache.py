@@ -36,8 +36,8 @@ def _as_list(value: Any) -> list[Any]:
 def task_files(raw: dict[str, Any]) -> Iterator[tuple[str, str]]:
     """(url, path under the cache folder) for every file the task downloads."""
     task_id = str(raw.get("id"))
-    evaluator = raw.get("evaluator") if isinstance(raw.get("evaluator"), dict) else {}
-    assert isinstance(evaluator, dict)
+    found = raw.get("evaluator")
+    evaluator: dict[str, Any] = found if isinstance(found, dict) else {}
     steps = list(raw.get("config", [])) + list(evaluator.get("postconfig", []))
     for step in steps:
         if isinstance(step, dict) and step.get("type") == "download":
