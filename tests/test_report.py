@@ -106,9 +106,12 @@ def test_the_system_figure(tmp_path) -> None:  # type: ignore[no-untyped-def]
 def test_task_family_from_the_id() -> None:
     from dart_ray.reporting.families import task_family
 
-    # MiniDesk: minidesk/<family>/t<tier>/<seed> -> the last part without a digit
+    # MiniDesk: minidesk/<family>/t<tier>/<seed> -> the last part that is not an index
     assert task_family("minidesk/type-field/t2/17") == "type-field"
     assert task_family("minidesk/click-button/t1/0") == "click-button"
+    # MiniWoB++: miniwob/<page>/<seed>, where a page's name may hold a digit
+    assert task_family("miniwob/click-test-2/100000") == "click-test-2"
+    assert task_family("miniwob/focus-text/3") == "focus-text"
     # a flat id: the part before the first '-' a digit follows
     assert task_family("type-field-12") == "type-field"
     assert task_family("task-0") == "task"

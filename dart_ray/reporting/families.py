@@ -9,8 +9,10 @@ The family of a task is `task.config["family"]` where the caller knows the tasks
 does; MiniDesk and OSWorld task files set it). From the log alone (`dart-ray report` on any
 run) it comes from the task id, by `task_family`:
 
-- an id with '/' parts: the last part with no digit in it. MiniDesk ids are
-  `minidesk/<family>/t<tier>/<seed>`, so this is the same family as the config's;
+- an id with '/' parts: the last part that is not an index (digits, or one letter and
+  digits). MiniDesk ids are `minidesk/<family>/t<tier>/<seed>` and MiniWoB++ ids
+  `miniwob/<page>/<seed>`, so this is the family the config names, or the page
+  (`miniwob/click-test-2/7` -> `click-test-2`);
 - otherwise the part before the first '-' that a digit follows (`type-field-12` ->
   `type-field`), when there is one;
 - otherwise the whole id (a task is its own family: OSWorld's UUIDs, say, whose domain only
@@ -29,14 +31,16 @@ from rich.table import Table
 from dart_ray.records import Task
 
 _DASH_DIGIT = re.compile(r"-\d")
+_INDEX = re.compile(r"[A-Za-z]?\d+")
+"""A part of a task id that numbers rather than names: a seed (`17`), a tier (`t2`)."""
 
 
 def task_family(task_id: str) -> str:
     """The family of a task from its id alone (see the module docstring)."""
     if "/" in task_id:
-        plain = [p for p in task_id.split("/") if p and not any(c.isdigit() for c in p)]
-        if plain:
-            return plain[-1]
+        named = [p for p in task_id.split("/") if p and not _INDEX.fullmatch(p)]
+        if named:
+            return named[-1]
     m = _DASH_DIGIT.search(task_id)
     if m and m.start() > 0:
         return task_id[: m.start()]
