@@ -53,7 +53,7 @@ from dart_ray.engines.base import (
     SamplingParams,
     versions_per_token,
 )
-from dart_ray.models.loading import EncodedPrompt, PolicyProcessor, load_model
+from dart_ray.models.loading import EncodedPrompt, PolicyProcessor, image_inputs, load_model
 from dart_ray.models.weights import PackedWeights, load_into, load_packed_adapter, share_into
 
 
@@ -214,14 +214,16 @@ class HFEngine(Engine):
         for b, e in enumerate(batch):  # left padding: the last position is the next token's
             ids[b, width - len(e.input_ids) :] = torch.tensor(e.input_ids)
             mask[b, width - len(e.input_ids) :] = 1
-        inputs = {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
+        pixels = grid = None
         with_images = [e for e in batch if e.pixel_values is not None]
         if with_images:
-            pixels = torch.cat([e.pixel_values for e in with_images])  # type: ignore[misc]
+            pixels = torch.cat([e.pixel_values for e in with_images]).to(self.model.dtype)  # type: ignore[misc]
             grid = torch.cat([e.image_grid_thw for e in with_images])  # type: ignore[misc]
-            inputs["pixel_values"] = pixels.to(self.device, self.model.dtype)
-            inputs["image_grid_thw"] = grid.to(self.device)
-        return inputs
+        images = image_inputs(ids, pixels, grid, self.processor.image_pad_id)
+        if images:  # left padding: pad ids are never image tokens
+            images["mm_token_type_ids"] = images["mm_token_type_ids"] * mask.int()
+        inputs = {"input_ids": ids, "attention_mask": mask, **images}
+        return {k: v.to(self.device) for k, v in inputs.items()}
 
     @torch.no_grad()
     def _batch(

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from dart_ray.config import EnvConfig
-from dart_ray.models.loading import PolicyProcessor
+from dart_ray.models.loading import PolicyProcessor, image_inputs
 from dart_ray.records import Task
 from dart_ray.uitars.prompts import Turn, build_messages
 
@@ -104,8 +104,7 @@ def read_screens(
         out = model(
             input_ids=ids,
             attention_mask=torch.ones_like(ids),
-            pixel_values=enc.pixel_values,
-            image_grid_thw=enc.image_grid_thw,
+            **image_inputs(ids, enc.pixel_values, enc.image_grid_thw, processor.image_pad_id),
             output_hidden_states=True,
             output_attentions=True,
         )

@@ -7,7 +7,9 @@ image without an error. So `PolicyProcessor` holds the two parts that matter and
 thing the HF processor adds, explicitly: render the chat template (one `<|image_pad|>` per
 image), tokenise, and expand each pad to the image's token count, `t*h*w / merge^2` of its
 patch grid. The tests prove the pixels reach the model (a different image, different logits)
-and that the ids match what vLLM's processor builds from the same folder.
+and that the ids match what vLLM's processor builds from the same folder. The processor's
+other output, which tokens are image tokens, is `image_inputs`: without it transformers 5
+silently drops Qwen2.5-VL's 3D image positions.
 """
 
 from __future__ import annotations
@@ -182,6 +184,28 @@ class PolicyProcessor:
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
+
+
+def image_inputs(
+    input_ids: torch.Tensor,
+    pixel_values: torch.Tensor | None,
+    image_grid_thw: torch.Tensor | None,
+    image_pad_id: int,
+) -> dict[str, torch.Tensor]:
+    """The image arguments of a Qwen2.5-VL forward or `generate` for a batch of token ids:
+    the pixels, their patch grids, and which tokens are image tokens (`mm_token_type_ids`, 1
+    on `<|image_pad|>`, 0 on text). Without the token types transformers 5 cannot build
+    M-RoPE's 3D positions (time, row, column of each image patch; the text after an image
+    resumes after the image's largest position) and silently numbers every token 1D, which
+    is not the model UI-TARS was trained as: every forward that sees images goes through
+    here, the engine's, the trainer's and SFT's alike. Empty without images."""
+    if pixel_values is None:
+        return {}
+    return {
+        "pixel_values": pixel_values,
+        "image_grid_thw": image_grid_thw,  # type: ignore[dict-item]
+        "mm_token_type_ids": (input_ids == image_pad_id).int(),
+    }
 
 
 def load_model(

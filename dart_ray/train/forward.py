@@ -22,6 +22,7 @@ import torch
 from PIL import Image
 
 from dart_ray.algo.sampling import SamplingSpec, entropy_of, process_logits
+from dart_ray.models.loading import image_inputs
 
 LOGP_FLOOR = -1e4
 """Log-prob given to a sampled token outside the trainer's truncated distribution."""
@@ -40,6 +41,7 @@ class MicroBatch:
     attention_mask: torch.Tensor  # (B, L)
     pixel_values: torch.Tensor | None  # (patches, D)
     image_grid_thw: torch.Tensor | None  # (images, 3)
+    mm_token_type_ids: torch.Tensor | None  # (B, L) 1 on image tokens: M-RoPE's 3D positions
     prompt_lens: torch.Tensor  # (B,)
     response_ids: torch.Tensor  # (B, T)
     response_mask: torch.Tensor  # (B, T) 1 on real response tokens
@@ -145,11 +147,13 @@ def collate(
     input_ids = _pad_lists([prompt, response], pad_id, torch.long)
     lens = (prompt[1][1:] - prompt[1][:-1]) + (response[1][1:] - response[1][:-1])
     attention_mask = (torch.arange(input_ids.shape[1]) < torch.from_numpy(lens)[:, None]).long()
+    types = image_inputs(input_ids, pixel_values, grid, image_pad_id).get("mm_token_type_ids")
     return MicroBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
         pixel_values=pixel_values,
         image_grid_thw=grid,
+        mm_token_type_ids=None if types is None else types * attention_mask.int(),
         prompt_lens=torch.from_numpy((prompt[1][1:] - prompt[1][:-1]).astype(np.int64)),
         response_ids=_pad_lists([response], pad_id, torch.long),
         response_mask=_pad_lists([_lists(batch, "loss_mask")], 0, torch.long),
@@ -203,13 +207,14 @@ def score_responses(
 ) -> ResponseScores:
     """`response_logprobs`, and with `full` also the untruncated log-probs from the same
     forward pass (`ResponseScores.logp_full`)."""
-    out = model(
-        input_ids=mb.input_ids,
-        attention_mask=mb.attention_mask,
-        pixel_values=mb.pixel_values,
-        image_grid_thw=mb.image_grid_thw,
-        use_cache=False,
-    )
+    images = {}
+    if mb.pixel_values is not None:  # dart_ray.models.loading.image_inputs, collated
+        images = {
+            "pixel_values": mb.pixel_values,
+            "image_grid_thw": mb.image_grid_thw,
+            "mm_token_type_ids": mb.mm_token_type_ids,
+        }
+    out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False, **images)
     logits = out.logits  # (B, L, V)
     b, t = mb.response_ids.shape
     # the logit at position p predicts token p + 1: response token j sits at prompt_len + j
