@@ -27,6 +27,7 @@ def make_engine(cfg: PolicyConfig, model_path: str | Path) -> Engine:
             device,
             cfg.weights_load,
             cfg.interrupt_on_update,
+            cfg.hf_decode,
         )
     from dart_ray.engines.vllm import VLLMEngine
 

@@ -324,3 +324,35 @@ def test_an_update_lands_mid_response_and_the_rest_is_sampled_by_the_new_weights
     assert all(abs(lp - float(uniform)) > 1e-3 for lp in g.logprobs[:k])
     assert waited < g.latency_s / 2  # one token's wait, not the rest of the response
 
+
+@pytest.mark.parametrize(
+    "sp",
+    [
+        SamplingParams(temperature=0, max_new_tokens=20),
+        SamplingParams(temperature=1.0, top_p=0.8, max_new_tokens=20),
+        SamplingParams(temperature=1.3, top_k=40, max_new_tokens=20, stop=(")",)),
+    ],
+    ids=["greedy", "top-p", "top-k-stop"],
+)
+def test_the_lean_loop_draws_what_generate_draws(engine: HFEngine, sp: SamplingParams) -> None:
+    """`HFEngine._decode` (one prefill, a forward a token on the KV cache, positions shifted
+    by `rope_deltas`) against transformers' `generate` driving the same sampler: from the same
+    seed, the same tokens, log-probs and finish reasons, for a left-padded batch of prompts
+    with one, two and three screenshots and one without any."""
+    shots = [
+        tuple(png((60 * i, 90, 40 * k), box=10 * i) for k in range(1 + i % 3)) for i in range(5)
+    ]
+    encoded = [engine.processor.encode(request(screens=s).messages) for s in [*shots, ()]]
+    assert len({len(e.input_ids) for e in encoded}) >= 3  # padding is exercised
+    out = {}
+    for mode in ("generate", "lean"):
+        engine.decode = mode  # type: ignore[assignment]
+        torch.manual_seed(5)
+        out[mode] = engine.generate_sync(encoded, [sp] * len(encoded), 0)
+    engine.decode = "lean"
+    for g, lean in zip(out["generate"], out["lean"], strict=True):
+        assert lean.response_ids == g.response_ids and lean.finish_reason == g.finish_reason
+        assert lean.logprobs == pytest.approx(g.logprobs, abs=1e-5)
+        assert lean.entropy == pytest.approx(g.entropy, abs=1e-5)
+    if sp.stop:
+        assert any(g.finish_reason == "stop" and ")" not in g.text for g in out["lean"])
