@@ -45,7 +45,7 @@ def prompts(engine: HFEngine, n: int) -> list[EncodedPrompt]:
     greedy = SamplingParams(temperature=0, max_new_tokens=48)
     encoded = [engine.processor.encode(m) for m in first]
     answers = engine.generate_sync(encoded, [greedy] * n, 0)
-    for task, msgs, g in zip(tasks, first, answers, strict=True):
+    for task, g in zip(tasks, answers, strict=True):
         shot = env.reset(task).screenshot
         second.append(build_messages(task.instruction, [Turn(shot, g.text), Turn(shot)]))
     env.close()
