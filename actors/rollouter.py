@@ -370,6 +370,8 @@ class Rollouter:
             slot = Slot(planned.group_id, planned.group_size, trace, self.version, self.run_id, tid)
             settings = EpisodeSettings(**{**self.settings.__dict__, "max_steps": planned.max_steps})
             traj = await run_episode(RaySession(session), self.policy, planned.task, slot, settings)
+            if traj.status is Status.ABORTED:
+                await self._settle(session)
         finally:
             took = time.monotonic() - t0
             self.report.episode_s += took
@@ -380,6 +382,21 @@ class Rollouter:
         if traj.steps:
             self.version = max(self.version, traj.max_version)
         return traj
+
+    async def _settle(self, session: Any) -> None:
+        """After an aborted episode, wait until the session answers again (at most the reset
+        deadline) before it is handed out: when its process died, a call sent before this
+        caller has seen Ray restart it fails at once (`ActorUnavailableError`), and the retry
+        would be lost to the restart, not to the environment."""
+        deadline = time.monotonic() + self.c.env.reset_timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                await asyncio.wait_for(session.health.remote(), timeout=left)
+                return
+            except ray.exceptions.ActorUnavailableError:
+                await asyncio.sleep(0.2)
+            except (ray.exceptions.RayActorError, TimeoutError):
+                return  # gone for good, or still not back: the retry records what it finds
 
     async def _log(self, t: Trajectory) -> None:
         def write() -> None:
