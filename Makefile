@@ -68,7 +68,7 @@ gpu-check: $(STAMP)
 
 test-fault-schedule: $(STAMP)
 	bash scripts/install-test-deps.sh
-	$(VENV)/bin/pytest -m schedule -s tests/test_fault_schedule.py
+	$(VENV)/bin/pytest -m schedule -s tests/test_faults.py tests/test_fault_schedule.py
 
 vllm-venv:
 	bash scripts/setup-vllm-venv.sh $(VLLM_VENV)

@@ -62,9 +62,9 @@ start=$(date +%s)
 [ "${TEST_VLLM:-1}" = 1 ] && build_venv vllm vllm-venv
 # after the vLLM venv's build; both are done long before the tiers that need them
 [ "${TEST_OSWORLD:-1}" = 1 ] && build_venv osworld osworld-venv "$([ "${TEST_VLLM:-1}" = 1 ] && echo vllm)"
-tier parallel "$VENV/bin/pytest" -n 2 -m "$BASE and not ray and not slow and not osworld"
-tier ray "$VENV/bin/pytest" --durations=15 -m "$BASE and ray"
-tier cluster "$VENV/bin/pytest" --durations=10 -m "$BASE and slow and not ray and not osworld"
+tier parallel "$VENV/bin/pytest" -n 2 --durations=15 -m "$BASE and not ray and not slow and not osworld"
+tier ray "$VENV/bin/pytest" --durations=25 -m "$BASE and ray"
+tier cluster "$VENV/bin/pytest" --durations=15 -m "$BASE and slow and not ray and not osworld"
 if [ "${TEST_OSWORLD:-1}" = 1 ] && venv_ready osworld; then
   tier osworld "$VENV/bin/pytest" --durations=5 -m "$BASE and osworld" tests/envs
 fi

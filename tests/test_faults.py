@@ -200,6 +200,7 @@ def _audit_ok(world: World, run_id: str, *extra: str) -> str:
     return p.stdout
 
 
+@pytest.mark.schedule  # about 4-5 minutes: with the 50-fault schedule, `make test-fault-schedule`
 def test_killing_each_part_in_turn_loses_nothing_and_resume_continues(world: World) -> None:
     """One run: each part SIGKILLed in turn, then SIGTERM (a clean stop), `--resume`, SIGKILL
     of the driver, `--resume` again to the end (one run, so the cluster, the database and the
