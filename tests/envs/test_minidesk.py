@@ -397,3 +397,19 @@ def test_an_unknown_key_is_a_failed_step_that_names_it_not_a_silent_no_op() -> N
     assert not bad.done and "unknown key 'blorp'" in bad.info.get("error", ""), bad.info
     ok = env.step(Action(ActionKind.HOTKEY, text="ctrl z"))
     assert "error" not in ok.info and ok.info["event"] == "nothing", ok.info
+
+
+def test_text_the_bitmap_font_cannot_draw_is_typed_and_shown_not_an_env_crash() -> None:
+    # a sampled response can hold U+FFFD (a token cut mid-character) or any non-Latin-1 text:
+    # the field keeps what was typed and the frame draws it, as a real text box would; it
+    # raised UnicodeEncodeError from PIL's bitmap font, which the session turned into an
+    # ABORTED episode (the machine's fault, retried) in run r3tbo
+    env = MiniDeskEnv(_cfg(placement="flow"))
+    t = make_task("type-field", 1, 58)
+    env.reset(t)
+    f = env.scene.widgets["t0"]
+    _play(env, [_click(f.field_box().center)])
+    r = env.step(Action(ActionKind.TYPE, text="li\ufffdnus €"))
+    assert f.text == "li\ufffdnus €" and not r.done
+    assert np.asarray(Image.open(io.BytesIO(r.observation.screenshot))).size
+    assert env.evaluate() == 0.0

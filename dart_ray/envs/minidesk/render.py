@@ -29,6 +29,15 @@ from dart_ray.envs.minidesk.scene import (
 from dart_ray.envs.minidesk.vocab import BUTTONS
 
 FONT = ImageFont.load_default_imagefont()
+
+
+def drawable(text: str) -> str:
+    """`text` as FONT (a Latin-1 bitmap font) can draw it: a character outside Latin-1, which
+    a model may type (U+FFFD from a token cut mid-character, another script), is drawn as '?'.
+    Only the drawing changes: a field keeps what was typed, and is scored on it."""
+    return text.encode("latin-1", "replace").decode("latin-1")
+
+
 DESKTOP = (58, 110, 165)
 WINDOW = (236, 236, 236)
 TITLE = (40, 60, 110)
@@ -185,7 +194,10 @@ def _widget(d: ImageDraw.ImageDraw, s: Scene, w: Widget, button_colours: bool) -
                 outline=None,
             )
         d.text(
-            (b.x + 3, b.y + (b.h - CHAR_H) // 2), shown[-(b.w // 6 - 2) :], font=FONT, fill=BLACK
+            (b.x + 3, b.y + (b.h - CHAR_H) // 2),
+            drawable(shown[-(b.w // 6 - 2) :]),
+            font=FONT,
+            fill=BLACK,
         )
         if w.kind == "dropdown":
             ax, ay = b.x + b.w - 10, b.y + b.h // 2 - 2
