@@ -144,20 +144,12 @@ def test_staged_load_through_pinned_buffers_is_exact() -> None:
 
 
 _FAULTS_SCRIPT = r"""
-import json, os, resource, sys, time
+import json, resource, sys, time
 import numpy as np, ray
-os.environ["RAY_preallocate_plasma_memory"] = "1"
-for attempt in range(3):  # a raylet preallocating its store just after another Ray released
-    try:                  # one can fail to connect to it (benchmarks/harness.py: local_ray)
-        ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False,
-                 object_store_memory=400 * 2**20, _node_ip_address="127.0.0.1")
-        break
-    except Exception as e:
-        ray.shutdown()
-        if attempt == 2:
-            raise
-        print(f"ray did not start ({str(e)[:200]}); retrying", file=sys.stderr)
-        time.sleep(10)
+sys.path.insert(0, "benchmarks")
+from harness import local_ray  # a new Ray, its start retried (a preallocating raylet can fail)
+ray_cm = local_ray(object_store_bytes=400 * 2**20, preallocate=True)
+ray_cm.__enter__()
 from dart_ray.models.weights import warm_object_store
 weights = np.ones(48 * 2**20, dtype=np.uint8)
 
@@ -178,7 +170,7 @@ while _free_store_bytes() < 390 * 2**20:  # the store frees the cold puts asynch
 report = warm_object_store()
 warm = faults_per_put(12)
 print(json.dumps({"cold": cold, "warm": warm, "warmed": report.bytes}))
-ray.shutdown()
+ray_cm.__exit__(None, None, None)
 """
 
 
@@ -192,7 +184,11 @@ def test_a_warmed_object_store_takes_puts_without_faulting_in_pages() -> None:
     import sys
 
     out = subprocess.run(
-        [sys.executable, "-c", _FAULTS_SCRIPT], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", _FAULTS_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[1],  # the script imports benchmarks/harness.py
     )
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
