@@ -246,11 +246,13 @@ def _with_generation_defaults(tiny_model_dir: Path, tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("temperature", "top_k", "top_p"),
-    [(3.0, 0, 1.0), (1.5, 120, 0.95)],
-    ids=["flat", "top-k-and-top-p"],
+    ("temperature", "top_k", "top_p", "defaults"),
+    [(3.0, 0, 1.0, "plain"), (1.5, 120, 0.95, "plain"), (3.0, 0, 1.0, "checkpoint-defaults")],
+    # the checkpoint's defaults (top-k 5, top-p 0.5, temperature 0.2, repetition penalty 1.3)
+    # would each show in the flat case's tail mass and chi-square; a fourth case with the
+    # request's own top-k and top-p would catch nothing the flat one does not
+    ids=["flat", "top-k-and-top-p", "flat-checkpoint-defaults"],
 )
-@pytest.mark.parametrize("defaults", ["plain", "checkpoint-defaults"])
 def test_sampled_frequencies_match_the_recorded_distribution(
     tiny_model_dir: Path,
     tmp_path: Path,
