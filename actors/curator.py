@@ -77,6 +77,7 @@ def settings_from_config(config: Config, run_id: str, num_ranks: int) -> Curator
             step_gamma=config.algo.step_gamma,
             step_weight=config.algo.step_weight,
             step_norm=config.algo.step_norm,
+            objective=config.algo.objective,
         ),
     )
 

@@ -329,12 +329,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     from dart_ray.run.command import add_parser as add_train
     from dart_ray.run.command import add_sft_eval
+    from dart_ray.run.experiment import add_parser as add_experiment
     from dart_ray.run.serving import add_parser as add_serve
     from dart_ray.uitars.actions import MAX_PIXELS, MIN_PIXELS
 
     add_train(sub, _add_config_args, _load)
     add_sft_eval(sub, _add_config_args, _load)
     add_serve(sub, _add_config_args, _load)
+    add_experiment(sub)
 
     model = sub.add_parser("model", help="policy models")
     model_sub = model.add_subparsers(dest="action", required=True)

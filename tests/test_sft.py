@@ -52,3 +52,15 @@ def test_save_every_writes_the_snapshots_of_one_run(tmp_path: Path) -> None:
         for name in ("warm-step2", "warm-step4", "warm")
     ]
     assert not any(w.equal(v) for i, w in enumerate(weights) for v in weights[i + 1 :])
+
+
+def test_a_wall_clock_budget_ends_sft_before_its_steps(tmp_path: Path) -> None:
+    """`max_seconds` (`dart-ray sft --minutes`, the experiment's `sft` arm): the run stops
+    once the budget is spent, saves, and says how many steps it took."""
+    from dart_ray.models.loading import load_model
+    from dart_ray.warmstart.sft import sft
+
+    tasks = [make_task("click-button", 1, seed) for seed in range(4)]
+    r = sft(TINY, tmp_path / "warm", tasks, EnvConfig(), steps=10**6, batch_size=2, max_seconds=3.0)
+    assert 0 < r.steps < 10**6 and r.seconds < 30
+    load_model(tmp_path / "warm")  # the weights at the budget's end were written

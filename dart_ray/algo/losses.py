@@ -27,6 +27,9 @@ Token-level PPO clip with asymmetric bounds (DAPO's clip-higher) and dual clip:
     l_t  = max(-A r_t, -A clip(r_t, 1 - eps_low, 1 + eps_high))
     l_t  = min(l_t, -A c)          for A < 0                          (dual clip, c > 1)
 
+Rejection-sampling fine-tuning (`nll_loss`, the `rft` control) drops all of it: the curator
+keeps only successful trajectories and the loss is their plain negative log-likelihood.
+
 GSPO replaces the token ratio with the length-normalised sequence ratio
 s_i = exp(mean_t(logp_t - logp_old_t)) and clips it per sequence.
 
@@ -239,4 +242,22 @@ def gspo_loss(
             "clip_frac": float((clipped > unclipped).to(logp.dtype).mean()),
             "ratio_mean": float(s.mean()),
         }
+    return loss, metrics
+
+
+def nll_loss(
+    logp: torch.Tensor,
+    weights: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    agg: LossAgg = "token_mean",
+    norm_tokens: int | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Rejection-sampling fine-tuning's loss: the weighted negative log-likelihood of the
+    sampled tokens, l_t = -w_i logp_t, with w_i = 1 for each kept success (the curator keeps
+    nothing else); no ratio, clip or importance weight. weights: (B,) per sample."""
+    w = _expand(weights, logp).detach()
+    loss = aggregate(-w * logp, mask, agg, norm_tokens)
+    with torch.no_grad():
+        metrics = {"nll": float(masked_mean(-logp, mask))}
     return loss, metrics

@@ -26,6 +26,11 @@ class MiniDeskOptions(Section):
     `grid` (seeded, each widget centred on a 28 px cell: Qwen2.5-VL's merged patch on an
     unscaled screen, so click targets are one per image token) or `task` (what each task file
     says)."""
+    jitter: int = Field(default=0, ge=0, le=13)
+    """`grid` placement: move each widget off its cell's centre by a seeded offset of up to
+    this many pixels across and half as many down, so that positions vary by the pixel and
+    not only by the cell (and screens by content: docs/LEARNING.md, "Suites"). A widget
+    wider than twice this and taller than it still covers its cell's centre. 0: centred."""
     encode_png: bool = False
     """Encode every screenshot to PNG inside step(). Off: encode lazily on first read."""
 
@@ -104,8 +109,18 @@ class EnvConfig(Section):
     """Environment kind: a registered name or an import path `pkg.mod:Class`."""
     tasks: Path | None = None
     """JSONL task file to train on; unset means the environment's built-in training split."""
+    validation_tasks: Path | None = None
+    """JSONL task file every choice is made on (a warm start's stopping point,
+    hyper-parameters, an experiment's arms), disjoint by content from `tasks` and
+    `heldout_tasks`; unset means the environment's built-in validation split."""
     heldout_tasks: Path | None = None
-    """JSONL task file to evaluate on; unset means the environment's built-in held-out split."""
+    """JSONL task file a reported number is measured on, once (the run's before/after
+    evaluation, `dart-ray eval`'s default, an experiment's lift); unset means the
+    environment's built-in held-out split."""
+    ood_tasks: Path | None = None
+    """JSONL task file held out by construction: tasks whose instruction names a target no
+    other split names (MiniDesk's `HELD_OUT_WORDS`), reported apart from `heldout_tasks`
+    (`dart-ray experiment`, `dart-ray eval --suite ood`). Unset: no such split."""
     families: tuple[str, ...] = ()
     """Keep only tasks whose `config.family` is one of these (empty: all)."""
     tiers: tuple[int, ...] = ()

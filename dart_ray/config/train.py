@@ -11,6 +11,13 @@ from dart_ray.config.base import Section
 
 
 class AlgoConfig(Section):
+    objective: Literal["grpo", "rft"] = "grpo"
+    """`grpo`: RL with DART's curation (group advantages, replay, the clipped loss below).
+    `rft`: rejection-sampling fine-tuning, the control agent-RL papers compare against: the
+    same loop and budget, but the curator keeps only the policy's own successful
+    trajectories (no advantages, no replay) and the loss is their plain negative
+    log-likelihood (`dart_ray.algo.losses.nll_loss`; `loss` and the off-policy correction are
+    not used)."""
     loss: Literal["ppo", "gspo"] = "ppo"
     """Token-level PPO clip or sequence-level GSPO."""
     eps_low: float = Field(default=0.1, gt=0)

@@ -2,6 +2,9 @@
 an all-fail group, compute advantages (per trajectory, or per step with `credit = "step"`),
 split trajectories into step samples, and keep the high-entropy steps.
 
+With `objective = "rft"` (rejection-sampling fine-tuning, a control) only the successes
+train, each with advantage 1: no replay, no group statistics.
+
 Every logged row of the group ends in exactly one of two lists: `trained_rows` (its samples go
 to the trainer and the row is acknowledged after the optimizer step) or `dropped` (with the
 reason, acknowledged as dropped now). Nothing is silently lost.
@@ -12,6 +15,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
@@ -64,6 +68,9 @@ class CurationParams:
     """omega, the weight of the step-level advantage (`credit = "step"`)."""
     step_norm: StepNorm = "mean"
     """Centre the returns of an anchor state (`mean`) or standardise them (`std`)."""
+    objective: Literal["grpo", "rft"] = "grpo"
+    """`rft`: keep only the successes, each with advantage 1 (their NLL is the loss), drop
+    the failures (`rft_failure`) and groups without a success (`no_success`); no replay."""
 
 
 @dataclass
@@ -137,6 +144,9 @@ def curate_group(
     if not keep:
         return out
 
+    if params.objective == "rft":
+        return _keep_successes(keep, params, out)
+
     trajs: list[Trajectory] = [t for _, t in keep]
     rows: list[LogRow | None] = [r for r, _ in keep]
     successes = [t.reward >= params.success_threshold for t in trajs]
@@ -189,4 +199,20 @@ def curate_group(
         samples = [samples[i] for i in select_high_entropy(scores, params.entropy_top_fraction)]
     out.samples = samples
     out.trained_rows = [row.id for row in rows if row is not None]
+    return out
+
+
+def _keep_successes(
+    keep: list[tuple[LogRow, Trajectory]], params: CurationParams, out: GroupOutcome
+) -> GroupOutcome:
+    """Rejection sampling: the group's successes train with advantage 1, the rest is dropped
+    with its reason (every row still ends in exactly one list)."""
+    won = [(r, t) for r, t in keep if t.reward >= params.success_threshold]
+    lost = "rft_failure" if won else "no_success"
+    for r, t in keep:
+        if t.reward < params.success_threshold:
+            out.dropped[r.id] = lost
+    out.rewards = [t.reward for _, t in keep]
+    out.samples = [s for _, t in won for s in split_steps(t, 1.0)]
+    out.trained_rows = [r.id for r, _ in won]
     return out

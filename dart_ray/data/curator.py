@@ -256,7 +256,10 @@ class CuratorCore:
     def _curate(self, group: list[LogRow]) -> GroupOutcome:
         members = [(r, self._trajectories[r.id]) for r in group if r.id in self._trajectories]
         replay = None
-        if not any(t.reward >= self.s.params.success_threshold for _, t in members):
+        params = self.s.params
+        if params.objective == "grpo" and not any(
+            t.reward >= params.success_threshold for _, t in members
+        ):
             replay = self._replay_for(group[0].task_id)
         out = curate_group(members, self.s.params, replay)
         for rid, reason in out.dropped.items():

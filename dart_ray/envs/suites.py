@@ -1,30 +1,68 @@
-"""The task suites a config names: training or held-out tasks, filtered and cut.
+"""The task suites a config names, and what makes two tasks the same.
 
-Every consumer of tasks (the run, `dart-ray sft`, `dart-ray eval`) reads them here, so a
-suite means the same tasks everywhere.
+A suite has up to four splits: `train` (what the policy trains on), `validation` (what every
+choice reads: a warm start's stopping point, hyper-parameters, an arm), `heldout` (read once
+per reported number) and `ood` (held out by construction: targets no other split names,
+reported apart from the in-distribution held-out set). Every consumer of tasks (the run,
+`dart-ray sft`, `dart-ray eval`, `dart-ray experiment`) reads them here, so a suite means the
+same tasks everywhere.
+
+Two tasks are the same when they show the same first screen and say the same instruction
+(`content_key`): a held-out task equal to a training task by content measures memory, not
+generalisation, whatever their seeds or ids. The shipped suites are disjoint by content
+between splits (tests/envs/test_suites.py renders every one).
 """
 
 from __future__ import annotations
+
+import hashlib
+import io
+from typing import TYPE_CHECKING
+
+from PIL import Image
 
 from dart_ray.config import Config, ConfigError
 from dart_ray.config.tree import LATENCY_KIND
 from dart_ray.records import Task
 
+if TYPE_CHECKING:
+    from dart_ray.envs.base import Env
+
+SPLITS = ("train", "validation", "heldout", "ood")
+"""A suite's splits, in the order a generator fills them (earlier splits own a content)."""
+
+_KEYS = {
+    "train": "env.tasks",
+    "validation": "env.validation_tasks",
+    "heldout": "env.heldout_tasks",
+    "ood": "env.ood_tasks",
+}
+
+
+def split_path(config: Config, split: str) -> object:
+    """The task file `config` names for `split` (None: the env's built-in split)."""
+    if split not in _KEYS:
+        raise ConfigError(f"unknown split {split!r}: one of {', '.join(SPLITS)}")
+    return getattr(config.env, _KEYS[split].split(".", 1)[1])
+
 
 def load_suite(config: Config, split: str) -> list[Task]:
-    """Training or held-out tasks (the configured JSONL file, else the env's shipped split),
-    filtered by `env.families` / `env.tiers` and cut to `env.task_limit`."""
-    from dart_ray.envs.minidesk.generate import load_tasks
+    """A split's tasks (the configured JSONL file, else the env's shipped split), filtered by
+    `env.families` / `env.tiers` and cut to `env.task_limit`."""
+    from dart_ray.envs.minidesk.generate import TASKS_DIR, load_tasks
 
     e = config.env
-    path = e.tasks if split == "train" else e.heldout_tasks
+    path = split_path(config, split)
     if path is not None:
-        tasks = load_tasks(path, split)
+        tasks = load_tasks(path, split)  # type: ignore[arg-type]
     elif e.kind in ("minidesk", LATENCY_KIND):
+        if split == "ood" and not (TASKS_DIR / "ood.jsonl").is_file():
+            raise ConfigError(
+                "env.ood_tasks is required: MiniDesk's built-in suite has no ood split"
+            )
         tasks = load_tasks(split=split)
     else:
-        key = "env.tasks" if split == "train" else "env.heldout_tasks"
-        raise ConfigError(f"{key} is required for env.kind {e.kind!r} (no built-in suite)")
+        raise ConfigError(f"{_KEYS[split]} is required for env.kind {e.kind!r} (no built-in suite)")
     if e.families:
         tasks = [t for t in tasks if t.config.get("family") in e.families]
     if e.tiers:
@@ -32,3 +70,16 @@ def load_suite(config: Config, split: str) -> list[Task]:
     if not tasks:
         raise ConfigError(f"no {split} task is left after env.families / env.tiers filtering")
     return tasks[: e.task_limit] if e.task_limit else tasks
+
+
+def content_key(env: Env, task: Task) -> str:
+    """What a policy sees of `task` before it acts: a digest of the first screen's pixels (not
+    its PNG bytes, which depend on the encoder), the observation's text and the instruction."""
+    obs = env.reset(task)
+    frame = getattr(obs, "frame", None)
+    img = frame if frame is not None else Image.open(io.BytesIO(obs.screenshot))
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{img.width}x{img.height}\0".encode())
+    h.update(img.convert("RGB").tobytes())
+    h.update(b"\0" + (obs.text or "").encode() + b"\0" + task.instruction.encode())
+    return h.hexdigest()

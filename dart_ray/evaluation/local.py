@@ -58,9 +58,9 @@ class LocalPolicy:
 
 def _suite(config: Config, suite: str) -> list[Task]:
     from dart_ray.envs.minidesk.generate import load_tasks
-    from dart_ray.envs.suites import load_suite
+    from dart_ray.envs.suites import SPLITS, load_suite
 
-    if suite in ("train", "heldout"):
+    if suite in SPLITS:
         return load_suite(config, suite)
     return load_tasks(Path(suite), "heldout")
 

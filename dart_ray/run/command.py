@@ -164,6 +164,9 @@ def add_sft_eval(sub: argparse._SubParsersAction, add_config_args, load) -> None
     p.add_argument(
         "--save-every", type=int, default=0, help="also write OUT-stepN every N steps (0: off)"
     )
+    p.add_argument(
+        "--minutes", type=float, default=None, help="also stop after this wall-clock (minutes)"
+    )
     add_config_args(p)
 
     def sft_fn(args: argparse.Namespace, out: Console) -> int:
@@ -188,6 +191,7 @@ def add_sft_eval(sub: argparse._SubParsersAction, add_config_args, load) -> None
             seed=cfg.run.seed,
             history_images=cfg.policy.history_images,
             save_every=args.save_every,
+            max_seconds=None if args.minutes is None else 60 * args.minutes,
         )
         out.print(
             f"wrote {r.out}: {r.steps} steps over {r.demonstrations} demonstrations, "
@@ -199,7 +203,11 @@ def add_sft_eval(sub: argparse._SubParsersAction, add_config_args, load) -> None
 
     e = sub.add_parser("eval", help="success rate of a model on a task suite")
     e.add_argument("--checkpoint", type=Path, required=True, help="model folder")
-    e.add_argument("--suite", default="heldout", help="'train', 'heldout' or a JSONL file")
+    e.add_argument(
+        "--suite",
+        default="heldout",
+        help="a split ('train', 'validation', 'heldout', 'ood') or a JSONL file",
+    )
     e.add_argument("--tasks", type=int, default=0, help="evaluate the first N tasks (0: all)")
     e.add_argument("--samples", type=int, default=1, help="episodes per task (pass@k)")
     e.add_argument("--json", type=Path, default=None, help="also write the result here")

@@ -41,6 +41,7 @@ from dart_ray.algo.losses import (
     kl_k3,
     masked_mean,
     mismatch_metrics,
+    nll_loss,
     off_policy_weights,
     ppo_clip_loss,
 )
@@ -53,7 +54,8 @@ from dart_ray.train.fsdp import comm_device
 
 @dataclass(frozen=True)
 class LossSettings:
-    loss: Literal["ppo", "gspo"] = "ppo"
+    loss: Literal["ppo", "gspo", "nll"] = "ppo"
+    """`nll`: rejection-sampling fine-tuning (`algo.objective = "rft"`)."""
     eps_low: float = 0.1
     eps_high: float = 0.28
     dual_clip: float | None = 10.0
@@ -76,7 +78,7 @@ def loss_settings(c: Config) -> LossSettings:
     """The loss as the run's config describes it (the rollouts' sampling included)."""
     a, p = c.algo, c.policy
     return LossSettings(
-        loss=a.loss,
+        loss="nll" if a.objective == "rft" else a.loss,
         eps_low=a.eps_low,
         eps_high=a.eps_high,
         dual_clip=a.dual_clip,
@@ -277,7 +279,11 @@ class Learner:
         )
         n_tok = float(mask.sum())
         n_seq = float((mask.sum(1) > 0).sum())
-        if s.loss == "ppo":
+        if s.loss == "nll":
+            loss, m = nll_loss(logp, mb.advantages, mask, agg=s.loss_agg, norm_tokens=s.norm_tokens)
+            denom = n_tok if s.loss_agg == "token_mean" else n_seq
+            scale = scale_tok if s.loss_agg == "token_mean" else scale_seq
+        elif s.loss == "ppo":
             loss, m = ppo_clip_loss(
                 logp,
                 prox,

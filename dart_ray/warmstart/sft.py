@@ -112,12 +112,17 @@ def sft(
     seed: int = 0,
     history_images: int = 1,
     save_every: int = 0,
+    max_seconds: float | None = None,
 ) -> SFTResult:
     """Fine-tune the model in `base` on oracle demonstrations; write an HF folder to `out`.
 
     With `save_every` N > 0 the weights after every N steps are also written beside `out`,
     as `OUT-stepN`: one SFT run then yields the candidate warm starts of a sweep over the
-    stopping point (docs/LEARNING.md picks warm starts with partial competence that way)."""
+    stopping point (docs/LEARNING.md picks warm starts with partial competence that way).
+
+    With `max_seconds` the run also stops once that much time has passed since it began
+    (the demonstrations' collection included): the `sft` arm of `dart-ray experiment` gets
+    the same wall-clock as an RL run."""
     if save_every < 0:
         raise ValueError(f"save_every must be >= 0, got {save_every}")
     t0 = time.monotonic()
@@ -134,7 +139,10 @@ def sft(
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     suppressed = torch.tensor(processor.suppressed_ids())
     loss_v = float("nan")
+    done = 0
     for step in range(steps):
+        if max_seconds is not None and time.monotonic() - t0 >= max_seconds:
+            break
         demos = rng.sample(pool, min(batch_size, len(pool)))
         mb = collate(
             _batch(demos),
@@ -157,7 +165,7 @@ def sft(
             _save(model, processor, base, out.with_name(f"{out.name}-step{done}"))
             model.train()
     _save(model, processor, base, out)
-    return SFTResult(out, steps, len(pool), loss_v, time.monotonic() - t0)
+    return SFTResult(out, done, len(pool), loss_v, time.monotonic() - t0)
 
 
 def _save(model: PreTrainedModel, processor: PolicyProcessor, base: Path, out: Path) -> None:

@@ -12,6 +12,7 @@ from dart_ray.algo.losses import (
     gspo_loss,
     kl_k3,
     mismatch_metrics,
+    nll_loss,
     off_policy_weights,
     ppo_clip_loss,
     truncated_is_weight,
@@ -257,3 +258,23 @@ def test_gspo_sequence_weight_uses_the_kept_tokens() -> None:
         is_weight=w,
     )
     assert float(loss) == pytest.approx(-1.0 / 2)
+
+
+def test_nll_loss_is_the_mean_negative_log_likelihood_of_the_kept_tokens() -> None:
+    # two samples, weights 1 (kept successes); tokens p = [0.5, 0.25 | 0.8, pad]:
+    # token_mean = -(ln .5 + ln .25 + ln .8) / 3 = (0.6931 + 1.3863 + 0.2231) / 3 = 0.7675
+    logp = torch.tensor([[LN(0.5), LN(0.25)], [LN(0.8), LN(0.1)]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    loss, m = nll_loss(logp, torch.tensor([1.0, 1.0]), mask)
+    assert loss.item() == pytest.approx((LN(2) + LN(4) - LN(0.8)) / 3)
+    assert m["nll"] == pytest.approx(loss.item())
+    loss.backward()
+    # d/dlogp_t = -w / 3 on real tokens, 0 on padding: no ratio, no clip
+    grad = logp.grad.flatten().tolist()  # type: ignore[union-attr]
+    assert grad == pytest.approx([-1 / 3, -1 / 3, -1 / 3, 0.0])
+    # per sample: (0.6931 + 1.3863) / 2 and 0.2231, averaged: (1.0397 + 0.2231) / 2 = 0.6314
+    seq, _ = nll_loss(logp, torch.tensor([1.0, 1.0]), mask, agg="seq_mean_token_mean")
+    assert seq.item() == pytest.approx(((LN(2) + LN(4)) / 2 - LN(0.8)) / 2)
+    # a weight of 0 removes a sample's tokens from the numerator
+    zero, _ = nll_loss(logp, torch.tensor([1.0, 0.0]), mask)
+    assert zero.item() == pytest.approx((LN(2) + LN(4)) / 3)

@@ -357,3 +357,24 @@ def test_split_steps_takes_one_advantage_per_step() -> None:
     assert [s.advantage for s in split_steps(t, [0.5, -1.0, 2.0])] == [0.5, -1.0, 2.0]
     with pytest.raises(ValueError, match="2 advantages for the 3 steps"):
         split_steps(t, [0.5, 1.0])
+
+
+def test_rft_keeps_only_the_successes_with_advantage_one_and_never_replays() -> None:
+    rft = CurationParams(objective="rft")
+    winner = make_trajectory("w", reward=1.0, n_steps=1)
+    out = curate_group(group(1.0, 0.0, 1.0, 0.0), rft, replay=winner)
+    # rows 1 and 3 succeeded: their 2 + 2 steps train with advantage 1, the others are dropped
+    assert out.trained_rows == [1, 3]
+    assert out.dropped == {2: "rft_failure", 4: "rft_failure"}
+    assert [(s.trajectory_id, s.advantage) for s in out.samples] == [
+        ("t0", 1.0),
+        ("t0", 1.0),
+        ("t2", 1.0),
+        ("t2", 1.0),
+    ]
+    assert out.replayed is None
+    # an all-success group trains whole (GRPO would drop it as no_signal) ...
+    assert curate_group(group(1.0, 1.0), rft).trained_rows == [1, 2]
+    # ... and an all-fail group trains nothing, even with a success to replay
+    none = curate_group(group(0.0, 0.0), rft, replay=winner)
+    assert none.samples == [] and none.dropped == {1: "no_success", 2: "no_success"}

@@ -407,3 +407,42 @@ def test_a_resumed_run_keeps_its_base_as_the_kl_reference(
     ref = learner.ref_model.state_dict()
     assert all(torch.equal(ref[k], base[k]) for k in base)
     assert not torch.equal(model.state_dict()["lm_head.weight"], base["lm_head.weight"])
+
+
+def test_the_rft_objective_raises_the_likelihood_of_the_kept_successes(
+    engine: HFEngine, tiny_model_dir: Path
+) -> None:
+    """`algo.objective = "rft"`: the config's loss is the NLL (`loss_settings`), and a step
+    makes every kept sample likelier, the clip and importance weights playing no part (a
+    stale sample whose behaviour log-probs are far off trains as a fresh one)."""
+    settings = loss_settings(load_config(None, ["algo.objective=rft", "train.minibatches=1"]))
+    assert settings.loss == "nll"
+    batch = samples(engine, [1.0, 1.0])
+    stale = pa.array(
+        [[lp - 5.0 for lp in row] for row in batch.column("behaviour_logprobs").to_pylist()],
+        pa.list_(pa.float32()),
+    )
+    batch = batch.set_column(
+        batch.schema.get_field_index("behaviour_logprobs"), "behaviour_logprobs", stale
+    )
+    proc = PolicyProcessor.from_dir(tiny_model_dir)
+    model = load_model(tiny_model_dir)
+    learner = Learner(
+        model,
+        proc.image_processor,
+        image_pad_id=proc.image_pad_id,
+        pad_id=proc.pad_id,
+        settings=settings,
+        lr=3e-3,
+        suppressed_ids=proc.suppressed_ids(),
+    )
+    mb = collate(batch, proc.image_processor, image_pad_id=proc.image_pad_id, pad_id=proc.pad_id)
+    with torch.no_grad():
+        before, _ = response_logprobs(model, mb, settings.sampling, learner.suppressed)
+    metrics = learner.step(batch)
+    model.eval()
+    with torch.no_grad():
+        after, _ = response_logprobs(model, mb, settings.sampling, learner.suppressed)
+    mask = mb.response_mask.bool()
+    assert metrics["nll"] == pytest.approx(float(-before[mask].mean()), rel=1e-4)
+    assert ((after - before) * mb.response_mask).sum(1).min() > 0

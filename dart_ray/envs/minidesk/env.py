@@ -71,7 +71,13 @@ class MiniDeskEnv(Env):
         seed = spec.get("seed", 0)
         if not isinstance(seed, int):
             raise EnvInputError(f"task {task.task_id}: seed must be an integer, got {seed!r}")
-        scene.layout(self.config.screen_width, self.config.screen_height, placement, seed)
+        scene.layout(
+            self.config.screen_width,
+            self.config.screen_height,
+            placement,
+            seed,
+            self.options.jitter,
+        )
         self._scene, self.task, self._done = scene, task, False
         self._pointer = self._centre()
         self._base = background(scene, self.options.wallpaper)

@@ -25,9 +25,15 @@ from dart_ray.envs.minidesk.vocab import (
     NAMES,
     RADIOS,
     ROLES,
+    TARGET_LABELS,
 )
 
 Spec = dict[str, Any]
+
+FIELD_BOX = 72
+"""Input box width of type-field's and dropdown's fields: ten characters, the longest word
+typed or option shown, and narrow enough for a field to sit on a 28 px grid cell of a 168 px
+screen (a 110 px box would not, and the layout would fall back to one fixed flow)."""
 Family = Callable[[random.Random, int], tuple[str, Spec]]
 
 
@@ -55,8 +61,9 @@ def click_button(rng: random.Random, tier: int) -> tuple[str, Spec]:
 
 def click_target(rng: random.Random, tier: int) -> tuple[str, Spec]:
     """One button, at every tier: pure grounding (where is it?) with no distractor to tell
-    apart, the first rung of docs/LEARNING.md's ladder and the default run's task."""
-    label = rng.choice(BUTTONS)
+    apart, the first rung of docs/LEARNING.md's ladder and the default run's task. Its label
+    is one of `TARGET_LABELS` (80), so screens differ by label as well as by position."""
+    label = rng.choice(TARGET_LABELS)
     widgets = _buttons([("b0", label)])
     return f"Click the '{label}' button.", {
         "title": "Toolbar",
@@ -128,7 +135,9 @@ def type_field(rng: random.Random, tier: int) -> tuple[str, Spec]:
     for i, f in enumerate(fields):
         want = rng.choice(NAMES + FRUITS).lower() if f != "Name" else rng.choice(NAMES)
         pre = rng.choice(FRUITS) if tier == 3 else ""
-        widgets.append({"id": f"t{i}", "kind": "textfield", "label": f"{f}:", "text": pre})
+        widgets.append(
+            {"id": f"t{i}", "kind": "textfield", "label": f"{f}:", "text": pre, "box": FIELD_BOX}
+        )
         values[f"t{i}"] = want
         parts.append(f"'{want}' as the {f}")
     buttons, ok, ok_label = _ok_cancel(rng)
@@ -149,7 +158,15 @@ def dropdown(rng: random.Random, tier: int) -> tuple[str, Spec]:
     for i, nm in enumerate(names):
         opts = DROPDOWNS[nm] if tier > 1 else DROPDOWNS[nm][:3]
         want = rng.choice(opts)
-        widgets.append({"id": f"d{i}", "kind": "dropdown", "label": f"{nm}:", "options": opts})
+        widgets.append(
+            {
+                "id": f"d{i}",
+                "kind": "dropdown",
+                "label": f"{nm}:",
+                "options": opts,
+                "box": FIELD_BOX,
+            }
+        )
         values[f"d{i}"] = want
         parts.append(f"'{want}' as the {nm}")
     buttons, ok, ok_label = _ok_cancel(rng)

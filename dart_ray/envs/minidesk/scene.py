@@ -76,8 +76,15 @@ GRID = 28
 """The `grid` placement's cell: Qwen2.5-VL's merged patch (2 x 14 px) on an unscaled screen."""
 
 
-def _grid_one(w: Widget, area: Rect, placed: list[Rect], rng: random.Random) -> Rect | None:
-    """w centred on the centre of a seeded free grid cell, or None when no cell fits it."""
+def _grid_one(
+    w: Widget, area: Rect, placed: list[Rect], rng: random.Random, jitter: int = 0
+) -> Rect | None:
+    """w centred on the centre of a seeded free grid cell, or None when no cell fits it.
+
+    `jitter` > 0 moves it off the centre by a seeded offset of up to `jitter` px across and
+    `jitter // 2` down (kept inside `area`), so positions differ by the pixel, not only by
+    the cell; a widget wider than 2 x `jitter` and taller than `jitter` still covers its
+    cell's centre."""
     ww, hh = w.size()
     cells = [
         (cx - ww // 2, cy - hh // 2)
@@ -88,6 +95,9 @@ def _grid_one(w: Widget, area: Rect, placed: list[Rect], rng: random.Random) -> 
     ]
     rng.shuffle(cells)
     for x, y in cells:
+        if jitter:
+            x = min(max(x + rng.randint(-jitter, jitter), area.x), area.x + area.w - ww)
+            y = min(max(y + rng.randint(-(jitter // 2), jitter // 2), area.y), area.y + area.h - hh)
         r = Rect(x, y, ww, hh)
         if not any(r.overlaps(p, margin=4) for p in placed):
             return r
@@ -106,6 +116,7 @@ class Widget:
     items: list[str] = field(default_factory=list)  # list
     rows: int = 5  # list
     filter: str | None = None  # list: id of the text field that filters it
+    box: int = 110  # textfield, dropdown: width of the input box
     commit: bool = False  # button
     dialog: dict[str, str] | None = None  # button: {"text", "ok", "cancel"}
     checked: bool = False
@@ -135,7 +146,7 @@ class Widget:
         if self.kind == "radio":
             return lbl + 6 + sum(text_w(o) + 18 for o in self.options), 14
         if self.kind in ("textfield", "dropdown"):
-            return lbl + 6 + 110, ROW_H
+            return lbl + 6 + self.box, ROW_H
         if self.kind == "list":
             return max(lbl, 120), CHAR_H + 2 + self.rows * LIST_ROW_H + 2
         raise EnvInputError(f"widget {self.id!r}: unknown kind {self.kind!r}")
@@ -252,8 +263,9 @@ class Scene:
         return out
 
     # ------------------------------------------------------------------ layout
-    def layout(self, width: int, height: int, placement: str, seed: int) -> None:
-        """Place every widget for a `width` x `height` screen (`flow`, `scatter` or `grid`)."""
+    def layout(self, width: int, height: int, placement: str, seed: int, jitter: int = 0) -> None:
+        """Place every widget for a `width` x `height` screen (`flow`, `scatter` or `grid`;
+        `jitter`: the grid's offset off the cell's centre, `_grid_one`)."""
         self.width, self.height = width, height
         top = TITLE_H
         x = PAD
@@ -273,19 +285,27 @@ class Scene:
         for w in self.widgets.values():
             groups.setdefault(w.tab, []).append(w)
         # global widgets (no tab) are placed first; each tab's page then avoids them
-        global_rects = self._place(groups.pop(None, []), area, placement, seed, [])
+        global_rects = self._place(groups.pop(None, []), area, placement, seed, [], jitter)
         for i, ws in enumerate(groups.values()):
-            self._place(ws, area, placement, seed + 7919 * (i + 1), global_rects)
+            self._place(ws, area, placement, seed + 7919 * (i + 1), global_rects, jitter)
 
     def _place(
-        self, ws: list[Widget], area: Rect, placement: str, seed: int, taken: list[Rect]
+        self,
+        ws: list[Widget],
+        area: Rect,
+        placement: str,
+        seed: int,
+        taken: list[Rect],
+        jitter: int = 0,
     ) -> list[Rect]:
         if placement in ("scatter", "grid"):
             rng = random.Random(seed)
             placed = list(taken)
-            one = _scatter_one if placement == "scatter" else _grid_one
             for w in ws:
-                r = one(w, area, placed, rng)
+                if placement == "scatter":
+                    r = _scatter_one(w, area, placed, rng)
+                else:
+                    r = _grid_one(w, area, placed, rng, jitter)
                 if r is None:  # too crowded to scatter: fall back to flow, deterministically
                     return self._flow(ws, area, taken)
                 self._set_rect(w, r)
