@@ -78,7 +78,7 @@ def cmd_status(args: argparse.Namespace, out: Console) -> int:
     from dart_ray.reporting.status import status_lines
 
     cfg = _load(args)
-    store = open_store(cfg)
+    store = open_store(cfg, existing=True)
     try:
         where = store.engine.url.render_as_string(hide_password=True)
         run = get_run(store.engine, args.run) if args.run else latest_run(store.engine)
@@ -97,7 +97,7 @@ def cmd_audit(args: argparse.Namespace, out: Console) -> int:
     from dart_ray.store.audit import audit, render
 
     cfg = _load(args)
-    store = open_store(cfg)
+    store = open_store(cfg, existing=True)
     try:
         if get_run(store.engine, args.run) is None:
             where = store.engine.url.render_as_string(hide_password=True)
@@ -131,7 +131,7 @@ def cmd_report(args: argparse.Namespace, out: Console) -> int:
     from dart_ray.reporting.report import RunReport, heldout_line
 
     cfg = _load(args)
-    store = open_store(cfg)
+    store = open_store(cfg, existing=True)
     try:
         run = get_run(store.engine, args.run)
         if run is None:

@@ -7,7 +7,8 @@
 -- case-sensitive), utf8mb4_unicode_ci for text; both exist on MySQL 8 and MariaDB
 -- (utf8mb4_0900_ai_ci is MySQL-only).
 --
--- rollout_run.state: 0 available, 1 claimed (leased), 2 consumed (trained), 3 dropped.
+-- rollout_run.state: 0 available, 1 claimed (leased), 2 consumed (trained), 3 dropped,
+-- 4 quarantined (bad data: an unreadable blob, a group whose curation raised).
 -- ix_rollout_run_claim serves the claim: WHERE run_id = ? AND state = 0 [AND version_num >= ?]
 -- ORDER BY version_num, id LIMIT n FOR UPDATE SKIP LOCKED.
 

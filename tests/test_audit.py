@@ -216,8 +216,9 @@ def test_a_row_trained_beyond_the_bound_is_a_breach_discarded_ones_by_distance(
 ) -> None:
     """The run's bound is 3 (its config snapshot); a resume from v2 discarded v3's weights
     and v4 carried v2's on. Durable v6's lineage says v6 trained each row: a version-5 row is
-    1 behind; a version-0 row 6 (beyond the bound); the version-3 row, tagged 3 behind, is
-    (3 - 2) + (6 - 4) = 3 behind through the version tree (within it)."""
+    1 behind; a version-0 row (2 - 0) + (6 - 4) = 4 through the version tree (beyond the
+    bound; its tag says 6); the version-3 row, tagged 3 behind, is (3 - 2) + (6 - 4) = 3
+    behind through the version tree (within it)."""
     import json
 
     from dart_ray.store.runs import register_run
@@ -243,5 +244,28 @@ def test_a_row_trained_beyond_the_bound_is_a_breach_discarded_ones_by_distance(
     store.checkpoints.complete(cid, str(d))
     store.log.ack(claim, in_version=6)
     r = audit(engine, RUN)
-    assert r.max_staleness == 3 and r.trained_lags == {1: 1, 3: 1, 6: 1}
+    assert r.max_staleness == 3 and r.trained_lags == {1: 1, 3: 1, 4: 1}
     assert r.breaches == [f"rows trained beyond the staleness bound (3): {ids['old']} (1)"]
+
+
+def test_quarantined_rows_are_accounted_for_with_their_reason(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """Bad data settled QUARANTINED is no breach and is counted by where it broke; one
+    without a reason is a breach (settled rows always say why)."""
+    store = _Store(engine, tmp_path)
+    _clean_run(store, tmp_path)
+    for tid in ("t3", "t4"):
+        _start(store, tid)
+        store.log.append(make_trajectory(tid), store.blobs.write(make_trajectory(tid)))
+    claim = store.log.claim(RUN, 10, consumer="c", lease_s=60)
+    store.log.quarantine(claim, claim.row_ids, "curation: KeyError: 'x'" + "!" * 100)
+    r = audit(engine, RUN)
+    assert r.ok, r.breaches
+    assert r.states["quarantined"] == 2 and r.quarantined == {"curation": 2}
+    with engine.begin() as c:
+        c.execute(
+            rollout_run.update().where(rollout_run.c.trajectory_id == "t4").values(drop_reason=None)
+        )
+    r = audit(engine, RUN)
+    assert not r.ok and "without a reason" in r.breaches[0]

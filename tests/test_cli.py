@@ -366,3 +366,66 @@ def test_overrides_may_follow_options() -> None:
         parse_args(["report", "r1", "--eval", "a.json", "--bogus"])
     with pytest.raises(SystemExit):
         parse_args(["report", "r1", "--eval", "a.json", "stray"])
+
+
+def test_a_config_whose_token_variable_is_unset_fails_at_start_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 45, point 7: a token the config names but the environment lacks fails `dart-ray
+    train` at once (exit 2, before Ray starts), naming the key and the variable. Before,
+    `read_secret` returned None and the requests went out without a token."""
+    monkeypatch.delenv("DART_TEST_UNSET_TOKEN", raising=False)
+    args = ["train", "-c", "configs/tiny-cpu.toml", f"run.root_dir={tmp_path}"]
+    assert main([*args, "policy.auth_token_env=DART_TEST_UNSET_TOKEN"]) == 2
+    err = capsys.readouterr().err
+    assert "policy.auth_token_env names $DART_TEST_UNSET_TOKEN, which is not set" in err
+    assert not (tmp_path / "dart-ray.sqlite").exists()  # nothing started
+    desk = ["train", "-c", "configs/miniwob.toml", f"run.root_dir={tmp_path}", "env.kind=osworld"]
+    desk += [
+        'env.desktop.server_url="http://127.0.0.1:9"',
+        "env.desktop.token_env=DART_TEST_UNSET_TOKEN",
+    ]
+    assert main(desk) == 2
+    assert "env.desktop.token_env names $DART_TEST_UNSET_TOKEN" in capsys.readouterr().err
+
+
+def test_the_osworld_env_refuses_to_start_without_the_token_it_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dart_ray.config import ConfigError, EnvConfig
+    from dart_ray.envs.osworld import OSWorldEnv
+
+    monkeypatch.delenv("DART_TEST_UNSET_TOKEN", raising=False)
+    cfg = EnvConfig.model_validate(
+        {
+            "kind": "osworld",
+            "desktop": {"server_url": "http://127.0.0.1:9", "token_env": "DART_TEST_UNSET_TOKEN"},
+        }
+    )
+    with pytest.raises(ConfigError, match=r"env\.desktop\.token_env names \$DART_TEST_UNSET"):
+        OSWorldEnv(cfg)
+
+
+def test_status_of_a_home_path_expands_it_and_a_missing_log_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 45, point 10: OPERATIONS.md's own `dart-ray status run.root_dir=~/dart-ray/runs`
+    made a folder named `~` in the working directory and ended in a traceback (`no such
+    table: run`). `~` is the home (as a shell reads it), and a log that is not there is one
+    line naming where it looked; nothing is created."""
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    for cmd in (["status"], ["audit", "some-run"], ["report", "some-run"]):
+        assert main([*cmd, "run.root_dir=~/dart-ray/runs"]) == 2
+        err = capsys.readouterr().err
+        assert f"no durable log at {home}/dart-ray/runs/dart-ray.sqlite" in err, err
+        assert "Traceback" not in err
+    assert list(cwd.iterdir()) == [] and list(home.iterdir()) == []
+    # a database file without dart-ray's tables is no log either
+    (home / "runs").mkdir()
+    (home / "runs" / "dart-ray.sqlite").write_bytes(b"")
+    assert main(["status", "run.root_dir=~/runs"]) == 2
+    assert "holds no dart-ray log" in capsys.readouterr().err

@@ -124,3 +124,51 @@ def test_serve_answers_the_documented_route_and_stops_on_sigterm(
     assert "policy server stopped" in text and "Traceback" not in text
     with pytest.raises(ConnectionRefusedError):  # Serve's proxy is gone with it
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_serve_joined_to_a_cluster_removes_only_its_own_app(tiny_model_dir: Path) -> None:
+    """Issue 45, point 5: joined to a cluster where a run's policy app is live, `dart-ray
+    serve` refuses that app's name, serves under its own, and on stop deletes its own app
+    only. Before the fix it ended with `serve.shutdown()`, which deleted every application on
+    the cluster (the run's policy included; the run then hung on its next publish)."""
+    import threading
+
+    import ray
+    from ray import serve
+
+    from dart_ray.config import ConfigError, load_config
+    from dart_ray.run.serving import serve_policy
+    from serve_apps.policy import run_policy
+
+    address = ray.get_runtime_context().gcs_address
+    cfg = load_config(
+        None,
+        [f"policy.model_path={json.dumps(str(tiny_model_dir))}", f"cluster.address={address}"],
+    )
+    run_policy(cfg.policy, tiny_model_dir, name="policy-a-run", route_prefix="/a-run")
+    try:
+        with pytest.raises(ConfigError, match="'policy-a-run' is already running"):
+            serve_policy(cfg, None, app="policy-a-run")  # type: ignore[arg-type]
+        up, stop = threading.Event(), threading.Event()
+        urls: list[str] = []
+
+        def ready(url: str) -> None:
+            urls.append(url)
+            up.set()
+
+        t = threading.Thread(
+            target=serve_policy, args=(cfg, None, ready), kwargs={"app": "serve-x", "stop": stop}
+        )
+        t.start()
+        assert up.wait(300), "dart-ray serve never became ready"
+        assert urls[0].endswith("/serve-x/v1/chat/completions")  # beside another app
+        assert "serve-x" in serve.status().applications
+        stop.set()
+        t.join(timeout=120)
+        apps = serve.status().applications
+        assert "serve-x" not in apps
+        assert apps["policy-a-run"].status == "RUNNING"
+        assert ray.is_initialized()  # the cluster's connection is the caller's, still up
+    finally:
+        serve.delete("policy-a-run")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +34,14 @@ def redact(obj: Any, key: str = "") -> Any:
     return obj
 
 
-def read_secret(env: str | None, file: Path | None) -> str | None:
+def read_secret(env: str | None, file: Path | None, *, required: str | None = None) -> str | None:
     """A secret from a file (first line) or an environment variable; None if neither is set.
 
-    The secret is remembered for masking (`dart_ray.config.masking`): this process never logs it.
-    """
+    `required` names the config key that asked for it (`env.desktop.token_env`): a variable it
+    names that is unset or empty in this process's environment, or an empty file, is then a
+    ConfigError naming the key and the variable, never a silent None (requests would go out
+    without the token and be refused, far from the cause). The secret is remembered for
+    masking (`dart_ray.config.masking`): this process never logs it."""
     secret = None
     if file is not None:
         try:
@@ -45,7 +49,15 @@ def read_secret(env: str | None, file: Path | None) -> str | None:
         except OSError as e:
             raise ConfigError(f"cannot read secret file {file}: {e.strerror}") from None
         secret = lines[0].strip() if lines else ""
+        if required and not secret:
+            raise ConfigError(f"{required}: the secret file {file} is empty")
     elif env:
         secret = os.environ.get(env)
+        if required and not secret:
+            raise ConfigError(
+                f"{required} names ${env}, which is not set (or empty) in the environment of "
+                f"this process on {socket.gethostname()}: on a cluster, every node that runs "
+                "the part needs it (a runtime_env env_vars entry, a mounted secret)"
+            )
     remember(secret)
     return secret

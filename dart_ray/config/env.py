@@ -78,6 +78,13 @@ class DesktopOptions(Section):
     """Run our local desktop as OSWorld's `user` with HOME /home/user, Ctrl+Alt+T for a
     terminal, sudo inside (`scripts/install-osworld-desktop.sh` installs it; as root or as
     `user` only), so OSWorld's task files run unmodified."""
+    confine: bool | None = None
+    """Run our local desktop in a mount namespace whose system folders (/etc, /usr, /var,
+    /opt, /srv, /root, /home) are overlays, started afresh at every reset: what an episode
+    changes there (through the OSWorld profile's passwordless `sudo`: packages, system files,
+    users) is gone at the next episode and never reaches the machine, and every process the
+    episode started (daemons through `sudo` or `setsid` too) is ended. Needs root. Unset: on
+    with `osworld_profile` (whose user has sudo), off otherwise (docs/SECURITY.md)."""
     request_timeout_s: float = Field(default=30.0, gt=0)
     """Seconds one HTTP request to the server may take."""
     accessibility: bool = True

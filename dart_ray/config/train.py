@@ -136,6 +136,11 @@ class TrainConfig(Section):
     trust region acts: with one step per batch the ratio to the proximal policy is 1 at the
     only gradient and the clip never binds. Measured on the default run, same seed: 1 ->
     +26.5 points held out, 2 -> +37.5 (docs/LEARNING.md)."""
+    publish_timeout_s: float = Field(default=900.0, gt=0)
+    """Seconds a weight publication may take (every policy replica loading the new version,
+    after the generations in flight drain) before the trainer fails with the reason. A
+    publication whose policy application is gone (deleted by an operator, `serve.shutdown`)
+    fails at once, naming it, instead of waiting."""
     sync_every: int = Field(default=1, ge=1)
     """Optimizer steps between weight publications."""
     save_every: int = Field(default=5, ge=1)

@@ -5,6 +5,9 @@ split trajectories into step samples, and keep the high-entropy steps.
 With `objective = "rft"` (rejection-sampling fine-tuning, a control) only the successes
 train, each with advantage 1: no replay, no group statistics.
 
+Data that cannot be trained (a step without response tokens, a reward that is not a number)
+raises ValueError naming the trajectory: the curator quarantines the group.
+
 Every logged row of the group ends in exactly one of two lists: `trained_rows` (its samples go
 to the trainer and the row is acknowledged after the optimizer step) or `dropped` (with the
 reason, acknowledged as dropped now). Nothing is silently lost.
@@ -13,6 +16,7 @@ reason, acknowledged as dropped now). Nothing is silently lost.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -94,6 +98,8 @@ def split_steps(t: Trajectory, advantage: float | Sequence[float]) -> list[StepS
         )
     out = []
     for i, s in enumerate(t.steps):
+        if not s.response_ids:  # nothing to train, and a learner would divide by it
+            raise ValueError(f"{t.trajectory_id} step {s.step_idx} has no response tokens")
         first = max(0, i - s.num_images + 1)
         ent = sum(s.entropy) / len(s.entropy) if s.entropy else 0.0
         out.append(
@@ -147,6 +153,9 @@ def curate_group(
     if params.objective == "rft":
         return _keep_successes(keep, params, out)
 
+    for _, t in keep:
+        if not math.isfinite(t.reward):
+            raise ValueError(f"{t.trajectory_id} has reward {t.reward}")
     trajs: list[Trajectory] = [t for _, t in keep]
     rows: list[LogRow | None] = [r for r, _ in keep]
     successes = [t.reward >= params.success_threshold for t in trajs]

@@ -10,6 +10,10 @@ a durable checkpoint); rows dropped during curation are settled at once with the
 The curator renews the leases of rows it holds; once a step is handed out, its trainer
 renews them. A dead curator's or trainer's rows return to the pool when their lease ends.
 
+Bad data never stalls the run: a row whose blob cannot be read, a group whose curation raises
+and a group whose samples cannot be packed are quarantined (`DurableLog.quarantine`: settled
+with the reason, counted by the audit), and the other groups go on.
+
 Staleness is enforced wherever a row waits, not only in the log: every poll drops (reason
 `stale`) a pending group, a curated group or a queued step that holds a row older than
 `version - max_staleness`, and `take_step` checks again at hand-out, so no sample older than
@@ -104,6 +108,9 @@ class CuratorMetrics:
     released_rows: int = 0
     """Rows of handed-out steps given back because their trainer went away."""
     dropped: Counter[str] = field(default_factory=Counter)
+    quarantined: Counter[str] = field(default_factory=Counter)
+    """Rows settled as bad data, by where they broke (`blob_unreadable`, `curation`,
+    `packing`)."""
     stale_at: Counter[str] = field(default_factory=Counter)
     """Rows dropped as stale by where they waited when the bound passed them: `log`
     (unclaimed), `filling` (a group waiting for members), `ready` (a curated group waiting
@@ -230,7 +237,7 @@ class CuratorCore:
                 self._trajectories[row.id] = self.blobs.read(row.uri)
             except (FileNotFoundError, ValueError, OSError) as e:
                 log.error("trajectory %s unreadable at %s: %s", row.trajectory_id, row.uri, e)
-                self._settle_drop(row.id, "blob_unreadable")
+                self._quarantine([row.id], f"blob_unreadable: {type(e).__name__}: {e}")
                 continue
             self.groups.add(row, now)
         return len(claim.rows)
@@ -261,7 +268,12 @@ class CuratorCore:
             t.reward >= params.success_threshold for _, t in members
         ):
             replay = self._replay_for(group[0].task_id)
-        out = curate_group(members, self.s.params, replay)
+        try:
+            out = curate_group(members, self.s.params, replay)
+        except Exception as e:  # bad data, whatever it breaks: the group, not the run
+            log.exception("group %s could not be curated; quarantined", group[0].group_id)
+            self._quarantine([r.id for r in group], f"curation: {type(e).__name__}: {e}")
+            return GroupOutcome()
         for rid, reason in out.dropped.items():
             self._settle_drop(rid, reason)
         if out.replayed:
@@ -270,8 +282,14 @@ class CuratorCore:
 
     def _form_steps(self, now: float) -> None:
         """Curate groups as they complete; pack `groups_per_step` trainable ones per step."""
-        for group in self.groups.pop_ready(now):
-            out = self._curate(group)
+        ready = self.groups.pop_ready(now)
+        for i, group in enumerate(ready):
+            try:
+                out = self._curate(group)
+            except BaseException:  # the log failed mid-way: what is still held waits for
+                held = [[r for r in g if r.id in self._claims] for g in ready[i:]]
+                self.groups.put_back([g for g in held if g], now)  # the next poll
+                raise
             if out.samples:
                 self._ready.append(out)
         self._pack_steps()
@@ -280,10 +298,27 @@ class CuratorCore:
         gps = self.s.groups_per_step
         while len(self._ready) >= gps and len(self.queue) < self.s.queue_depth:
             outs, self._ready = self._ready[:gps], self._ready[gps:]
-            step = self._make_step(outs)
+            try:
+                step = self._make_step(outs)
+            except Exception:  # a sample that cannot be packed: find its group, keep the rest
+                log.exception("a step of %d groups could not be packed", len(outs))
+                self._ready[:0] = self._packable(outs)
+                continue
             self.queue.append(step)
             self.metrics.steps_formed += 1
             self.metrics.samples_formed += step.num_samples
+
+    def _packable(self, outs: list[GroupOutcome]) -> list[GroupOutcome]:
+        """The groups that pack alone; each that does not is quarantined with its error."""
+        keep = []
+        for out in outs:
+            try:
+                pack(out.samples, self.s.num_ranks)
+            except Exception as e:
+                self._quarantine(out.trained_rows, f"packing: {type(e).__name__}: {e}")
+                continue
+            keep.append(out)
+        return keep
 
     def _make_step(self, outs: list[GroupOutcome]) -> TrainStep:
         samples = [s for o in outs for s in o.samples]
@@ -388,10 +423,12 @@ class CuratorCore:
 
     def _log_floor(self) -> int:
         """The lowest version tag that may still train, for the log's own filter (a SQL
-        bound on tags): the bound, or lower where a discarded tag below it is near enough
-        through the version tree. Rows it lets through are judged exactly once held."""
-        near = [v for v in self.lineage.discarded if not self._unfit(v)]
-        return min([self.min_version, *near])
+        bound on tags): the bound, or lower where a tag below it is near enough through the
+        version tree (a discarded tag, or an ancestor of weights a resume republished,
+        `Lineage.effective`). Rows it lets through are judged exactly once held."""
+        reach = len(self.lineage.discarded) * 2  # no tag is shifted by more than this
+        lower = range(self.min_version - 1, self.min_version - 1 - reach, -1)
+        return min([self.min_version, *(v for v in lower if not self._unfit(v))])
 
     def _unfit(self, version: int) -> str | None:
         """Why a sample of `version` may not reach a gradient now, or None: older than the
@@ -470,6 +507,20 @@ class CuratorCore:
             self.metrics.dropped[reason] += len(ids)
             if reason == "stale":
                 self.metrics.stale_at[at] += len(ids)
+            for rid in ids:
+                self._forget(rid)
+
+    def _quarantine(self, rids: list[int], reason: str) -> None:
+        """Settle held rows as bad data (`RowState.QUARANTINED`), one transaction per claim:
+        they are accounted for, never trained, and never hold a lease again."""
+        by_claim: dict[str, tuple[Claim, list[int]]] = {}
+        for rid in rids:
+            if rid in self._claims:
+                c = self._claims[rid]
+                by_claim.setdefault(c.claim_id, (c, []))[1].append(rid)
+        for c, ids in by_claim.values():
+            self.log.quarantine(c, ids, reason)
+            self.metrics.quarantined[reason.split(":", 1)[0]] += len(ids)
             for rid in ids:
                 self._forget(rid)
 

@@ -61,6 +61,14 @@ class GroupBuffer:
                 ready.append(k)
         return [self._pending.pop(k).rows for k in ready]
 
+    def put_back(self, groups: list[list[LogRow]], now: float) -> None:
+        """Return popped groups that were not curated (the caller failed on an earlier one),
+        complete as they were: the next `pop_ready` hands them out again."""
+        for rows in groups:
+            for row in rows:
+                self.add(row, now)
+            self._pending[self.key(rows[0])].first_seen = now - self.timeout_s
+
     def pop_abandoned(self, now: float) -> list[list[LogRow]]:
         """Groups that waited `abandon_s` and are still below `min_group`: they will never
         train (their other members are lost or were dropped)."""

@@ -64,7 +64,7 @@ try:
     from miniwob.fields import get_field_extractor
     from miniwob.selenium_instance import SeleniumInstance
     from selenium import webdriver
-    from selenium.common.exceptions import WebDriverException
+    from selenium.common.exceptions import MoveTargetOutOfBoundsException, WebDriverException
     from selenium.webdriver.chrome.service import Service
 except ImportError as e:  # pragma: no cover - depends on the optional extra
     raise ImportError(
@@ -232,13 +232,16 @@ class MiniWobEnv(Env):
                     break
         except InvalidAction as e:
             return invalid_step(self._screenshot(g), str(e))
-        except _BROWSER_GONE as e:
-            if not self.healthy():
-                raise EnvCrashed(f"browser failed on step: {type(e).__name__}: {e}") from e
-            # the browser is fine: the action itself was impossible (a point off the page),
-            # and the pointer did not move
+        except MoveTargetOutOfBoundsException as e:
+            # the model's: a point off the page; nothing happened and the pointer did not move
             self._pointer = pointer
             return invalid_step(self._screenshot(g), str(e).split("\n", 1)[0])
+        except _BROWSER_GONE as e:
+            # the machine's, whether the browser survived or not (a command that timed out
+            # under load, an element gone stale mid-action): what the page did is unknown,
+            # so the episode is aborted and retried, never scored as the model's mistake
+            state = "failed" if not self.healthy() else "erred (still answering)"
+            raise EnvCrashed(f"browser {state} on step: {type(e).__name__}: {e}") from e
         if obs is None:  # nothing to do in the page (an empty type)
             return StepResult(self._screenshot(g), False, {"event": "nothing"})
         scaled, raw = float(reward), float(info.get("raw_reward") or 0.0)

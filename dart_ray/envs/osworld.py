@@ -65,7 +65,13 @@ class OSWorldEnv(Env):
     def __init__(self, config: EnvConfig | None = None) -> None:
         self.config = config or EnvConfig(kind="osworld")
         self.options = self.config.desktop
-        self.token = read_secret(self.options.token_env, self.options.token_file)
+        self.token = read_secret(
+            self.options.token_env,
+            self.options.token_file,
+            required="env.desktop.token_file"
+            if self.options.token_file
+            else "env.desktop.token_env",
+        )
         self.pool = (
             EmulatorPool(self.options.pool_url, self.token) if self.options.pool_url else None
         )
@@ -221,12 +227,21 @@ class LocalDesktopEnv(OSWorldEnv):
         self.token = self._token
         self._tree: dict[int, psutil.Process] = {}
         self._root = Path(tempfile.mkdtemp(prefix="dart-desktop-"))
+        self.confine = (
+            self.options.osworld_profile if self.options.confine is None else self.options.confine
+        )
+        self._layers = 0
+        self._namespace: int | None = None
         self._proc = self._start_server()
         self._remember_tree()
 
     def _start_server(self) -> subprocess.Popen[str]:
-        from dart_ray.envs.desktop.spawn import spawn_server
+        from dart_ray.envs.desktop.spawn import mount_namespace, spawn_server
 
+        layers = None
+        if self.confine:  # a fresh set of overlay layers for each server
+            self._layers += 1
+            layers = self._root.parent / f"{self._root.name}-layers-{self._layers}"
         proc, url = spawn_server(
             self.config.screen_width,
             self.config.screen_height,
@@ -234,11 +249,16 @@ class LocalDesktopEnv(OSWorldEnv):
             self._token,
             root=self._root,
             osworld_profile=self.options.osworld_profile,
+            confine=layers,
         )
+        self._namespace = mount_namespace(proc.pid) if layers is not None else None
         self.client = self._client(url)
         return proc
 
     def reset(self, task: Task) -> Observation:
+        if self.confine:  # the last episode's system changes and processes go with its server
+            self._stop_server()
+            self._proc = self._start_server()
         try:
             return super().reset(task)
         finally:
@@ -262,6 +282,12 @@ class LocalDesktopEnv(OSWorldEnv):
 
     def close(self) -> None:
         super().close()
+        self._stop_server()
+        shutil.rmtree(self._root, ignore_errors=True)
+
+    def _stop_server(self) -> None:
+        """Stop the server, its X server and apps, what they orphaned, and (confined) every
+        process of its namespace and its overlay layers."""
         proc = self._proc
         if proc.poll() is None:
             self._remember_tree()
@@ -275,7 +301,14 @@ class LocalDesktopEnv(OSWorldEnv):
             if child.is_running():  # is_running() also guards against a reused pid
                 child.kill()
         self._tree = {}
-        shutil.rmtree(self._root, ignore_errors=True)
+        if self._namespace is not None:
+            from dart_ray.envs.desktop.spawn import namespace_processes
+
+            for pid in namespace_processes(self._namespace):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    psutil.Process(pid).kill()
+            self._namespace = None
+            shutil.rmtree(self._root.parent / f"{self._root.name}-layers-{self._layers}", True)
 
 
 def task_from_json(d: dict[str, Any], env: str = "desktop", split: str = "train") -> Task:

@@ -80,15 +80,17 @@ def lift_difference(
     after: np.ndarray,
     other: np.ndarray,
     *,
+    other_before: np.ndarray | None = None,
     n_boot: int = N_BOOT,
     seed: int = 0,
 ) -> tuple[float, float, float]:
     """(mean, lo, hi): the lift of `after` minus that of `other` (both seeds x tasks on the
-    same tasks), each arm's seeds resampled apart, the tasks once for both."""
+    same tasks; `other_before` when the other arm started from another model), each arm's
+    seeds resampled apart, the tasks once for both."""
     b, a = _check(before, after)
-    _, o = _check(before, other)
+    ob, o = _check(before if other_before is None else other_before, other)
     rng = np.random.default_rng(seed)
     tasks = rng.integers(0, b.shape[0], size=(n_boot, b.shape[0]))
-    reps = _replicates(b, a, tasks, rng) - _replicates(b, o, tasks, rng)
+    reps = _replicates(b, a, tasks, rng) - _replicates(ob, o, tasks, rng)
     lo, hi = np.percentile(reps, [2.5, 97.5])
-    return float((a - b).mean() - (o - b).mean()), float(lo), float(hi)
+    return float((a - b).mean() - (o - ob).mean()), float(lo), float(hi)

@@ -112,6 +112,8 @@ def build_report(
         rows_trained=int(cur["rows_trained"]),
         dropped=dict(cur["dropped"]),
         stale_at=dict(cur.get("stale_at", {})),
+        quarantined=dict(cur.get("quarantined", {})),
+        heldout_split=str(parts.config.env.heldout_tasks or "the env's built-in held-out split"),
         env_utilisation=episode_s / session_s if session_s else 0.0,
         trainer_utilisation=busy / wall_s if wall_s else 0.0,
         sync_count=len(syncs),
@@ -239,6 +241,12 @@ def render(report: RunReport, console: Console) -> None:
         return "-" if v is None else f"{v:.1%}"
 
     t.add_row("held-out success before -> after", heldout_line(report))
+    if report.heldout_split and report.heldout_tasks:
+        t.add_row(
+            "held-out set",
+            f"the first {report.heldout_tasks} tasks of {report.heldout_split}: no first screen "
+            "and instruction of them is a training task's (greedy, one episode each)",
+        )
     t.add_row(
         "trajectories", ", ".join(f"{k} {v}" for k, v in sorted(report.trajectories.items())) or "0"
     )
@@ -246,17 +254,31 @@ def render(report: RunReport, console: Console) -> None:
     t.add_row(
         "rollouts started / trained / dropped stale",
         f"{report.rollouts_started} / {report.rows_trained} / {stale}"
-        + (f" (admission held {report.admission_held_s:.0f} s)" if report.admission_held_s else ""),
+        + (f" ({stale / report.rollouts_started:.1%})" if report.rollouts_started else ""),
     )
+    if report.sessions and report.wall_s:
+        held = report.admission_held_s
+        t.add_row(
+            "sessions held idle by admission",
+            f"{held:.0f} s ({held / report.wall_s:.1%} of the run; a free session waits while "
+            "new rows could not train within the staleness bound)",
+        )
     t.add_row("groups completed", str(report.groups_completed))
     if report.backoff_skips:
         t.add_row("task visits skipped by back-off", str(report.backoff_skips))
     t.add_row("train steps / versions", f"{report.train_steps} / {report.versions}")
     t.add_row("samples trained (rows)", f"{report.samples_trained} ({report.rows_trained})")
+    started = max(report.rollouts_started, 1)
     t.add_row(
-        "dropped by reason",
-        ", ".join(f"{k} {v}" for k, v in sorted(report.dropped.items())) or "none",
+        "dropped by reason (of rollouts started)",
+        ", ".join(f"{k} {v} ({v / started:.1%})" for k, v in sorted(report.dropped.items()))
+        or "none",
     )
+    if report.quarantined:
+        t.add_row(
+            "quarantined (bad data)",
+            ", ".join(f"{k} {v}" for k, v in sorted(report.quarantined.items())),
+        )
     t.add_row("environment utilisation", pct(report.env_utilisation))
     t.add_row("trainer utilisation", pct(report.trainer_utilisation))
     t.add_row("rollout (policy accelerator) utilisation", pct(report.rollout_utilisation))

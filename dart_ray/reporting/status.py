@@ -100,6 +100,12 @@ def status_lines(store: Store, run: RunRow, *, tasks: bool = False) -> list[str]
     out.append(
         "dropped by reason: " + (", ".join(f"{k} {v}" for k, v in sorted(drops.items())) or "none")
     )
+    bad = store.log.drops(run.run_id, RowState.QUARANTINED)
+    if bad:
+        out.append(
+            "quarantined (bad data, never trained): "
+            + ", ".join(f"{k} ({v})" for k, v in sorted(bad.items()))
+        )
     stats = store.log.task_stats(run.run_id)
     fams = by_family(stats)
     if fams:

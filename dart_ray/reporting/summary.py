@@ -77,6 +77,12 @@ class RunReport:
     CONSUMED), no_signal (rows dropped for equal rewards) (`dart_ray.reporting.families`)."""
     backoff_skips: int = 0
     """Task visits the schedulers skipped because the task's recent groups had no signal."""
+    quarantined: dict[str, int] = field(default_factory=dict)
+    """Rows settled as bad data (`RowState.QUARANTINED`), by where they broke: an unreadable
+    blob, a group whose curation raised, samples that could not be packed."""
+    heldout_split: str = ""
+    """What the before/after evaluation measured: the task file and what holds it out
+    (`env.heldout_tasks`, disjoint by content from the training tasks)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -102,8 +102,10 @@ def run_train(config: Config, out: Console) -> int:
     from dart_ray.reporting.report import render
     from dart_ray.run import driver, runtime
 
-    # bad task files fail here, in one line, before Ray starts or the log is touched
+    # bad task files and missing secrets fail here, in one line, before Ray starts or the
+    # log is touched
     load_suite(config, "train")
+    runtime.check_secrets(config)
 
     progress = TrainProgress(out)
 

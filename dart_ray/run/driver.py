@@ -192,13 +192,14 @@ def _train(
     if config.run.mode == "decoupled":
         rollouts = [r.run.remote() for r in parts.rollouters]
     deadline = t0 + 60 * config.run.max_minutes
+    marked = False
     while trainer.is_alive():
         if time.monotonic() > deadline:
-            ray.get(parts.control.request_stop.remote("run.max_minutes reached"))
-        if stop and time.monotonic() < deadline:
-            ray.get(parts.control.request_stop.remote(f"{stop[0]} received"))
+            ray.get(parts.control.request_stop.remote("run.max_minutes reached"), timeout=60)
+        if stop and not marked:  # whenever it comes, before or after run.max_minutes
+            ray.get(parts.control.request_stop.remote(f"{stop[0]} received"), timeout=60)
             finish_run(parts.store.engine, parts.run_id, "STOPPED")  # before any SIGKILL
-            deadline = time.monotonic()
+            deadline, marked = min(deadline, time.monotonic()), True
         if config.run.mode == "sync" and time.monotonic() < deadline:
             _sync_iteration(parts, trainer, deadline)
         else:

@@ -245,18 +245,26 @@ def run_one(spec: ExperimentSpec, arm: str, seed: int, sft_minutes: float | None
 # ---------------------------------------------------------------------------- the whole
 
 
+def _before(result: dict[str, Any], arm: dict[str, Any], split: str) -> dict[str, float]:
+    """The scores an arm's runs started from: its own warm start's where it names one."""
+    own = arm.get("warm_start")
+    if own and own != result.get("warm_start"):
+        return result["warm_starts"][own][split]  # type: ignore[no-any-return]
+    return result["before"][split]  # type: ignore[no-any-return]
+
+
 def summarise(result: dict[str, Any]) -> None:
     """Fill every arm's statistics from its seeds' scores (in place): per split the mean
     lift with its interval and spread, and each arm against `rl`. Rates are 0..1."""
     for split, tasks in result["tasks"].items():
-        before = np.array([result["before"][split][t] for t in tasks])
-        scores = {}
+        scores, befores = {}, {}
         for name, arm in result["arms"].items():
             runs = [s for s in arm["seeds"] if split in s.get("scores", {})]
             if not runs:
                 continue
+            before = np.array([_before(result, arm, split)[t] for t in tasks])
             after = np.array([[s["scores"][split][t] for t in tasks] for s in runs])
-            scores[name] = after
+            scores[name], befores[name] = after, before
             lift = paired_lift(before, after)
             stats = {
                 "mean_lift": lift.mean,
@@ -278,7 +286,9 @@ def summarise(result: dict[str, Any]) -> None:
             for name, after in scores.items():
                 if name == "rl":
                     continue
-                d, lo, hi = lift_difference(before, scores["rl"], after)
+                d, lo, hi = lift_difference(
+                    befores["rl"], scores["rl"], after, other_before=befores[name]
+                )
                 vs = {"diff": d, "ci95": [lo, hi]}
                 result["arms"][name]["splits"][split]["rl_minus_this"] = vs
                 if split == "heldout":
@@ -312,6 +322,15 @@ def run_experiment(spec: ExperimentSpec, out: Path, resume: bool = False) -> dic
             scores = _score(base, base.policy.model_path, split)
             result["tasks"][split] = sorted(scores)
             result["before"][split] = scores
+    for name in spec.arms:  # an arm that starts from another model: its own "before"
+        own = load_config(spec.config, spec.run_overrides(name, 0, "x")).policy.model_path
+        result["arms"].setdefault(name, {"kind": spec.kinds()[name], "seeds": []})
+        result["arms"][name]["warm_start"] = str(own)
+        for split in spec.splits:
+            done = result.setdefault("warm_starts", {}).setdefault(str(own), {})
+            if str(own) != result["warm_start"] and split not in done:
+                print(f"scoring arm {name}'s warm start {own} on {split}", flush=True)
+                done[split] = _score(base, own, split)
     result["heldout_tasks"] = len(result["tasks"].get("heldout", []))
     order = sorted(spec.arms, key=lambda n: (spec.kinds()[n] == "sft", n != "rl"))
     for arm in order:

@@ -36,7 +36,7 @@ from actors.curator import Curator
 from actors.env_host import actors_of, address, session_names, start_sessions
 from actors.env_pool import start_grower
 from actors.rollouter import Rollouter
-from dart_ray.config import Config, ConfigError
+from dart_ray.config import Config, ConfigError, read_secret
 from dart_ray.engines.base import SamplingParams
 from dart_ray.envs.suites import load_suite
 from dart_ray.evaluation.suite import EvalResult, evaluate
@@ -67,7 +67,7 @@ def new_run_id(config: Config) -> str:
     return config.run.run_id or f"{config.run.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def start_ray(config: Config) -> None:
+def start_ray(config: Config, *, log_to_driver: bool = True) -> None:
     """Join the cluster `cluster.address` names, or start a Ray of this run's own.
 
     Without an address, `ray.init()` would join whatever Ray it finds on the machine (the
@@ -77,7 +77,7 @@ def start_ray(config: Config) -> None:
     if ray.is_initialized():
         return
     with _keeping_signal_handlers():
-        _init_ray(config)
+        _init_ray(config, log_to_driver)
 
 
 @contextlib.contextmanager
@@ -97,10 +97,10 @@ def _keeping_signal_handlers() -> Iterator[None]:
                 signal.signal(s, handler)
 
 
-def _init_ray(config: Config) -> None:
+def _init_ray(config: Config, log_to_driver: bool = True) -> None:
     c = config.cluster
     if c.address:
-        ray.init(address=c.address, namespace=c.namespace)
+        ray.init(address=c.address, namespace=c.namespace, log_to_driver=log_to_driver)
         return
     if found := os.environ.get("RAY_ADDRESS"):
         log.warning(
@@ -145,10 +145,29 @@ def check_local_inputs(config: Config) -> None:
         )
     if not ray.is_initialized() and _port_in_use(p.http_host, p.http_port):
         raise ConfigError(
-            f"policy.http_port = {p.http_port}: {p.http_host}:{p.http_port} is in use (a Ray "
-            "left running by an earlier run? `ray stop` ends it); free it or choose another, "
-            f"e.g. policy.http_port={p.http_port + 1}"
+            f"policy.http_port = {p.http_port}: {p.http_host}:{p.http_port} is in use (`ss "
+            f"-ltnp 'sport = :{p.http_port}'` names the program: a Serve of another run or a "
+            "cluster's?); choose another port, e.g. "
+            f"policy.http_port={p.http_port + 1}, or join that cluster with cluster.address"
         )
+
+
+def check_secrets(config: Config) -> None:
+    """Every secret the config names is here, before anything starts: a token variable that is
+    unset fails the run at once, naming the key and the variable (the parts read their own
+    where they run: on a cluster, the nodes need them too; SECURITY.md)."""
+    d, p = config.env.desktop, config.policy
+    if config.env.kind in ("osworld", "desktop") and (d.token_env or d.token_file):
+        key = "env.desktop.token_file" if d.token_file else "env.desktop.token_env"
+        read_secret(d.token_env, d.token_file, required=key)
+    if p.auth_token_env or p.auth_token_file:
+        key = "policy.auth_token_file" if p.auth_token_file else "policy.auth_token_env"
+        read_secret(p.auth_token_env, p.auth_token_file, required=key)
+    s = config.store
+    if s.dsn_env:
+        read_secret(s.dsn_env, None, required="store.dsn_env")
+    if s.password_file:
+        read_secret(None, s.password_file, required="store.password_file")
 
 
 def prepare_model(config: Config, run_dir: Path) -> Path:

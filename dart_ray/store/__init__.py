@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Engine
@@ -99,12 +100,21 @@ def _create_database(url: URL) -> None:
         server.dispose()
 
 
-def open_store(config: Config, *, init: bool = False, wait: bool = False) -> Store:
+def open_store(
+    config: Config, *, init: bool = False, wait: bool = False, existing: bool = False
+) -> Store:
     """Connect to the log and blob storage the config names; `init` creates what is missing.
     `wait`: wait up to `store.reconnect_wait_s` for a database that is down (the parts Ray
-    restarts: their constructor must outlast a database restart); else fail at once."""
+    restarts: their constructor must outlast a database restart); else fail at once.
+    `existing` (the commands that read a log: status, audit, report): a log that is not
+    there is a one-line StoreError naming where it looked, and nothing is created."""
     sc = config.store
     url = resolve_url(config)
+    if existing and url.get_backend_name() == "sqlite" and not Path(url.database or "").is_file():
+        raise StoreError(
+            f"no durable log at {url.database}: no run has written under run.root_dir = "
+            f"{config.run.root_dir} (a typo, or the log is on another machine?)"
+        )
     retry = RetryPolicy(retries=sc.retries, backoff_s=sc.retry_backoff_s)
     engine = create_engine(url, pool_size=sc.pool_size, connect_timeout_s=sc.connect_timeout_s)
     try:
@@ -126,6 +136,10 @@ def open_store(config: Config, *, init: bool = False, wait: bool = False) -> Sto
         init_schema(engine)
     else:
         check_schema(engine)
+    if existing and not sa.inspect(engine).has_table("run"):
+        where = engine.url.render_as_string(hide_password=True)
+        engine.dispose()
+        raise StoreError(f"the database at {where} holds no dart-ray log (no table `run`)")
     blob_uri = sc.blob_uri or str(config.run.root_dir / "blobs")
     return Store(
         engine=engine,

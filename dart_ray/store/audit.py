@@ -8,7 +8,7 @@ Read-only. Every check is a query over the run's rows in `episode_start`, `rollo
 - no step sample was trained twice: a row has at most one ACK event and `used` <= 1;
 - no acknowledged data was lost: every ACKed row is CONSUMED, and its ACK names a COMPLETED
   checkpoint whose files exist (rows are acknowledged only once their training is durable);
-- every CONSUMED row has its ACK, every DROPPED row a reason;
+- every CONSUMED row has its ACK, every DROPPED or QUARANTINED (bad data) row a reason;
 - no row fed the gradients of two durable checkpoints: each checkpoint's `trainer_state.json`
   lists the rows it trained since the previous one (its lineage), and no row is in two
   lineages; when every durable checkpoint has one, every CONSUMED row is in one;
@@ -58,6 +58,8 @@ class AuditReport:
     states: dict[str, int] = field(default_factory=dict)
     """Rows by state (available, claimed, consumed, dropped)."""
     drops: dict[str, int] = field(default_factory=dict)
+    quarantined: dict[str, int] = field(default_factory=dict)
+    """Rows settled as bad data, by where they broke (`blob_unreadable`, `curation`, ...)."""
     acks: int = 0
     checkpoints: dict[str, int] = field(default_factory=dict)
     versions: list[int] = field(default_factory=list)
@@ -131,9 +133,15 @@ def audit(engine: Engine, run_id: str, *, live: bool = False) -> AuditReport:
         r.breaches.append(f"rows with an unknown status: {_ids(odd)}")
     r.states = {RowState.NAMES.get(k, str(k)): v for k, v in Counter(x.state for x in rows).items()}
     r.drops = dict(Counter(x.drop_reason or "" for x in rows if x.state == RowState.DROPPED))
-    unexplained = [x.id for x in rows if x.state == RowState.DROPPED and not x.drop_reason]
+    r.quarantined = dict(
+        Counter(
+            (x.drop_reason or "").split(":", 1)[0] for x in rows if x.state == RowState.QUARANTINED
+        )
+    )
+    settled = (RowState.DROPPED, RowState.QUARANTINED)
+    unexplained = [x.id for x in rows if x.state in settled and not x.drop_reason]
     if unexplained:
-        r.breaches.append(f"rows dropped without a reason: {_ids(unexplained)}")
+        r.breaches.append(f"rows dropped or quarantined without a reason: {_ids(unexplained)}")
 
     r.acks = len(acks)
     ack_count = Counter(a.row_id for a in acks)
@@ -249,6 +257,8 @@ def render(r: AuditReport) -> str:
         + (", ".join(f"{k} {v}" for k, v in sorted(r.states.items())) or "none"),
         "  dropped by reason  "
         + (", ".join(f"{k} {v}" for k, v in sorted(r.drops.items())) or "none"),
+        "  quarantined        "
+        + (", ".join(f"{k} {v}" for k, v in sorted(r.quarantined.items())) or "none"),
         f"  acknowledgements   {r.acks}",
         f"  checkpoints        {', '.join(f'{k} {v}' for k, v in sorted(r.checkpoints.items())) or 'none'}",
         f"  durable versions   {r.versions}",

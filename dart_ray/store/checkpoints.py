@@ -58,23 +58,36 @@ class Lineage:
     their tags no longer say how far their samples are from the weights being trained."""
 
     def effective(self, version: int) -> int:
-        """The version a sample of `version` is as far from as the lineage goes: itself, or
-        for a discarded version its distance through the version tree. A block of discarded
-        versions D+1..M branched off the durable vD; the resumed trainer published vD's
-        weights as v(M+1) and trains on from there. A sample of discarded v is v - D updates
-        away from vD on the dead branch, and vD is (c - M - 1) updates behind the current vc,
-        so it is (v - D) + (c - M - 1) behind: the distance of a sample of version
-        M + 1 - (v - D). Staleness (and the audit) judge it by that: within the bound right
-        after a resume, stale as the run moves on, never 'fresh' because its tag is high."""
-        if version not in self.discarded:
-            return version
-        below = version - 1
-        while below in self.discarded:
-            below -= 1
-        above = version + 1
-        while above in self.discarded:
-            above += 1
-        return above - (version - below)  # M + 1 - (v - D), with D = below, M + 1 = above
+        """The version a sample of `version` is as far from as the lineage goes.
+
+        A block of discarded versions D+1..M branched off the durable vD; the resumed trainer
+        published vD's weights again as v(M+1) and trains on from there. So a sample of vD
+        (or of an ancestor v <= D) is as far from the current vc as v(M+1) - (D - v) is: its
+        weights are vD's, which v(M+1) republished. A sample of discarded v is v - D updates
+        from vD on the dead branch: the distance of a sample of version M + 1 - (v - D).
+        Each later resume above it shifts it again, by that block's M + 1 - D. Staleness
+        (and the audit) judge a sample by this: a dead branch's tag never passes as fresh,
+        and the durable version's samples are not judged as far as the discarded versions
+        above it made their tag look."""
+        blocks = self._blocks()
+        eff, top = version, version
+        for d, m in blocks:  # a discarded version: where its branch joins the lineage
+            if d < version <= m:
+                eff, top = m + 1 - (version - d), m + 1
+        for d, m in blocks:  # every resume above it republished its ancestor's weights
+            if d >= top:
+                eff += m + 1 - d
+        return eff
+
+    def _blocks(self) -> list[tuple[int, int]]:
+        """The discarded blocks as (D, M): versions D+1..M, D the durable version below."""
+        out: list[tuple[int, int]] = []
+        for v in sorted(self.discarded):
+            if out and out[-1][1] == v - 1:
+                out[-1] = (out[-1][0], v)
+            else:
+                out.append((v - 1, v))
+        return out
 
 
 class CheckpointStateError(RuntimeError):

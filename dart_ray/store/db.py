@@ -78,7 +78,16 @@ class RowState:
     CLAIMED = 1
     CONSUMED = 2
     DROPPED = 3
-    NAMES: ClassVar[dict[int, str]] = {0: "available", 1: "claimed", 2: "consumed", 3: "dropped"}
+    QUARANTINED = 4
+    """Bad data: a row whose blob cannot be read, or whose group's curation raised. Settled
+    with its reason (in `drop_reason`), never trained, counted apart from planned drops."""
+    NAMES: ClassVar[dict[int, str]] = {
+        0: "available",
+        1: "claimed",
+        2: "consumed",
+        3: "dropped",
+        4: "quarantined",
+    }
 
 
 rollout_run = sa.Table(

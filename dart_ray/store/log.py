@@ -4,6 +4,7 @@ A row's life (`rollout_run.state`):
 
     AVAILABLE --claim--> CLAIMED --ack--> CONSUMED
         ^                   |  \\--drop--> DROPPED   (stale, untrainable group, ... with a reason)
+        |                   |  \\--quarantine--> QUARANTINED   (bad data, with the reason)
         +---release/expire--+
 
 A claim selects and marks rows in one transaction (`FOR UPDATE SKIP LOCKED` on MySQL/MariaDB,
@@ -309,6 +310,12 @@ class DurableLog(LogStats):
         """Mark rows of a claim never to be trained, with a short reason (e.g. `stale`)."""
         return self._settle(claim, row_ids, RowState.DROPPED, "DROP", reason=reason)
 
+    def quarantine(self, claim: Claim, row_ids: Sequence[int], reason: str) -> int:
+        """Settle rows of a claim as bad data (a blob that cannot be read, a group whose
+        curation raised), with the reason cut to the column's 64 characters: never trained,
+        never retried, counted by the audit apart from the planned drops."""
+        return self._settle(claim, row_ids, RowState.QUARANTINED, "QUARANTINE", reason=reason[:64])
+
     def release(self, claim: Claim, row_ids: Sequence[int] | None = None) -> int:
         """Give rows of a claim back to the pool untouched (a consumer shutting down)."""
         return self._settle(claim, row_ids, RowState.AVAILABLE, "RELEASE")
@@ -380,7 +387,7 @@ class DurableLog(LogStats):
             values: dict[str, Any] = {"state": to_state, "lease_expires_at": None}
             if used_delta:
                 values["used"] = rr.used + used_delta
-            if reason is not None and to_state == RowState.DROPPED:
+            if reason is not None and to_state in (RowState.DROPPED, RowState.QUARANTINED):
                 values["drop_reason"] = reason
             if to_state == RowState.AVAILABLE:
                 values.update(claim_id=None, claimed_by=None, claimed_at=None)

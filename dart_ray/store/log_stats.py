@@ -248,12 +248,13 @@ class LogStats:
             for t, n, k, d in self._fetch(q, "task_usage")
         }
 
-    def drops(self, run_id: str) -> dict[str, int]:
-        """DROPPED rows of one run by reason (stale, no_signal, group_incomplete, ...)."""
+    def drops(self, run_id: str, state: int = RowState.DROPPED) -> dict[str, int]:
+        """DROPPED rows of one run by reason (stale, no_signal, group_incomplete, ...); with
+        `state = RowState.QUARANTINED` the bad-data rows by their reason."""
         rr = rollout_run.c
         q = (
             sa.select(rr.drop_reason, sa.func.count())
-            .where(rr.run_id == run_id, rr.state == RowState.DROPPED)
+            .where(rr.run_id == run_id, rr.state == state)
             .group_by(rr.drop_reason)
         )
         return {str(reason or ""): n for reason, n in self._fetch(q, "drops")}

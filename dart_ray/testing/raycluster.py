@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -25,12 +26,20 @@ def free_port() -> int:
 
 
 class LocalCluster:
-    def __init__(self, ray_bin: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, ray_bin: str, env: dict[str, str] | None = None, auth: bool = False) -> None:
+        """`auth`: Ray's token authentication on, as SECURITY.md asks of a real cluster: a
+        token in a file of the cluster's own (`RAY_AUTH_TOKEN_PATH`), `RAY_AUTH_MODE=token` in
+        `env` for every node and every client (`ray job submit`, drivers). Off: a throw-away
+        cluster on loopback without it (a token shared through RAY_AUTH_TOKEN was refused by
+        `ray status` in Ray 2.60; the file is not)."""
         self.ray_bin = ray_bin
-        # A throw-away cluster on loopback, for tests: without Ray's token authentication
-        # (a token shared through RAY_AUTH_TOKEN was refused by `ray status` in Ray 2.60).
-        self.env = {**os.environ, **(env or {}), "RAY_AUTH_MODE": "disabled"}
         self.tmp = Path(tempfile.mkdtemp(prefix="dart-ray-cluster-"))
+        self.env = {**os.environ, **(env or {}), "RAY_AUTH_MODE": "disabled"}
+        if auth:
+            token = self.tmp / "auth_token"
+            token.write_text(secrets.token_hex(32) + "\n")
+            token.chmod(0o600)
+            self.env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
         self._taken: set[int] = set()
         self.gcs_port = self._port()
         self.dashboard_port = self._port()

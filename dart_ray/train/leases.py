@@ -82,8 +82,24 @@ class LeaseKeeper:
                 claims[:] = [self.log.renew(c, self.lease_s) for c in claims]
             self._renewed_at = self.clock()
 
+    def acknowledge(self, ack: Callable[[Claim], object]) -> list[int]:
+        """Acknowledge every held claim with `ack` and let go of each as it is done, under the
+        lock the heartbeat renews under: a beat never renews a claim already acknowledged
+        (its rows are CONSUMED: the renewal would fail and be taken for a lost lease). A
+        failure part-way leaves the claims not yet acknowledged held (and renewed). Returns
+        the steps let go of."""
+        with self._lock:
+            steps = sorted(self.held)
+            for step in steps:
+                claims = self.held[step]
+                while claims:
+                    ack(claims[0])
+                    claims.pop(0)
+                del self.held[step]
+            return steps
+
     def clear(self) -> None:
-        """The held claims were acknowledged."""
+        """Let go of every held claim without acknowledging it (they lapse back to the pool)."""
         with self._lock:
             self.held.clear()
 

@@ -150,6 +150,20 @@ def _sample_versions(shard: pa.RecordBatch, version: int) -> dict[str, float]:
     return {"sample_version_min": float(lo.as_py()), "sample_version_max": float(hi.as_py())} | lags
 
 
+class PublishError(RuntimeError):
+    """A weight publication that cannot complete: the trainer fails with this reason."""
+
+
+def policy_app_alive(app: str) -> bool:
+    """Whether Serve still runs the application (a Serve that does not answer counts as not
+    running it: the publication then fails with the reason, instead of waiting for ever)."""
+    try:
+        status = serve.status().applications.get(app)
+    except Exception:  # Serve's controller gone or unreachable
+        return False
+    return status is not None and status.status != "DELETING"
+
+
 class Publisher:
     """Rank 0's side of syncing: checkpoint rows, publication, durable saves, and the claims
     of trained-but-not-yet-durable steps."""
@@ -194,7 +208,7 @@ class Publisher:
         cps.start(cid)
         try:
             ref = ray.put(pack(state, self.adapter))  # once; replicas on this node: zero-copy
-            report = self.policy.update_weights.remote(version, [ref]).result()
+            report = self._await_update(version, self.policy.update_weights.remote(version, [ref]))
             behind = {r: v for r, v in report.replicas.items() if v < version}
             if behind:
                 raise RuntimeError(f"replicas still on older versions after the update: {behind}")
@@ -203,6 +217,26 @@ class Publisher:
             cps.fail(cid, f"{type(e).__name__}: {e}")
             raise
         return cid, time.monotonic() - t0
+
+    def _await_update(self, version: int, response: Any, poll_s: float = 5.0) -> Any:
+        """The replicas' answer to a weight update, within `train.publish_timeout_s`; an
+        application that is gone fails it at once (its replicas will never answer)."""
+        app = self.job.policy_app
+        deadline = time.monotonic() + self.job.config.train.publish_timeout_s
+        while True:
+            try:
+                return response.result(timeout_s=min(poll_s, max(deadline - time.monotonic(), 0)))
+            except TimeoutError:
+                if not policy_app_alive(app):
+                    raise PublishError(
+                        f"v{version}: the policy application {app!r} is gone (deleted, or "
+                        "Serve shut down): no replica can load the weights"
+                    ) from None
+                if time.monotonic() >= deadline:
+                    raise PublishError(
+                        f"v{version}: the replicas did not load the weights within "
+                        f"train.publish_timeout_s = {self.job.config.train.publish_timeout_s:g}"
+                    ) from None
 
     def make_durable(
         self,
@@ -238,11 +272,8 @@ class Publisher:
             self.store.checkpoints.complete(cid, path)
         if path is None:
             return
-        for claims in self.pending.values():
-            for c in claims:
-                self.store.log.ack(c, in_version=at.version)
-        ray.get(self.curator.forget_steps.remote(self.job.session, sorted(self.pending)))
-        self.leases.clear()
+        steps = self.leases.acknowledge(lambda c: self.store.log.ack(c, in_version=at.version))
+        ray.get(self.curator.forget_steps.remote(self.job.session, steps))
         self.trained_at.clear()
 
 

@@ -192,10 +192,27 @@ def test_kuberay_raycluster_structure_and_resources(
     for part in (spec["headGroupSpec"], *groups.values()):
         for c in _containers(part):
             names = {e["name"]: e for e in c.get("env", [])}
-            # the DSN the recipe reads comes from a Secret, never a literal value
-            assert "secretKeyRef" in names[recipe.store.dsn_env]["valueFrom"]
+            # every secret the recipe reads (the DSN, the desktops' token: issue 45, point 7)
+            # comes from a Secret on every node, never a literal value
+            for var in _secret_variables(recipe):
+                assert "secretKeyRef" in names[var]["valueFrom"], (part.get("groupName"), var)
             assert c["image"] == _containers(spec["headGroupSpec"])[0]["image"]
         assert part["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
+def _secret_variables(config: Config) -> set[str]:
+    """The environment variables a config reads secrets from."""
+    names = {config.store.dsn_env, config.env.desktop.token_env, config.policy.auth_token_env}
+    return {n for n in names if n}
+
+
+def test_the_recipe_names_its_secrets_and_the_job_waits_for_a_clean_stop(recipe: Config) -> None:
+    assert _secret_variables(recipe) == {"DART_RAY_DB_DSN", "DART_RAY_ENV_TOKEN"}
+    for path in ("kuberay/rayjob.yaml", "jobs/runtime-env.yaml"):
+        spec = _yaml(path)
+        env = yaml.safe_load(spec["spec"]["runtimeEnvYAML"]) if "spec" in spec else spec
+        # Ray SIGKILLs a stopped job's driver 3 s after SIGTERM unless told otherwise
+        assert int(env["env_vars"]["RAY_JOB_STOP_WAIT_TIME_S"]) >= 120, path
 
 
 def test_kuberay_rayjob_runs_the_recipe_on_that_cluster() -> None:

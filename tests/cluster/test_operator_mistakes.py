@@ -1,18 +1,19 @@
 """Operator mistakes on a real Ray cluster get a clear answer at once (issue 31; marker `slow`).
 
 One head started with `ray start --head` on loopback ports of its own (2 CPUs, one `env`
-unit, as cluster/node-resources.sh offers on a 2-core node), no autoscaler; `dart-ray train`
+unit, as cluster/node-resources.sh offers on a 2-core node), Ray's token authentication on,
+no autoscaler; `dart-ray train`
 pointed at it as a subprocess, as an operator runs it. Seen before the fixes:
 - 4 sessions on 1 unit: 3 stayed pending for minutes, nothing in the log;
 - no node offering `env.resource`: 120 s "waiting for the autoscaler" on a cluster with none;
-- `ray job stop` (SIGTERM): the run stayed RUNNING, no report, the Serve application up.
+- `ray job stop` (SIGTERM): the run stayed RUNNING, no report, the Serve application up;
+  and a head with Ray's token authentication refused OPERATIONS.md's `ray job submit`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -34,7 +35,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 def head() -> Iterator[LocalCluster]:
     # PYTHONPATH: the raylet's workers import this checkout, not what the venv installed
     env = {"PATH": f"{BIN}:/usr/bin:/bin", "RAY_ADDRESS": "", "PYTHONPATH": str(REPO)}
-    cluster = LocalCluster(str(BIN / "ray"), env)
+    cluster = LocalCluster(str(BIN / "ray"), env, auth=True)  # as SECURITY.md asks
     try:
         cluster.start_head(num_cpus=2, resources='{"env": 1}')
         yield cluster
@@ -103,59 +104,85 @@ def test_too_few_env_units_and_no_env_resource_fail_at_once(
         assert _status(tmp_path, run_id) == "FAILED"
 
 
-def test_sigterm_stops_the_run_writes_the_report_and_deletes_its_serve_app(
+OTHER_APP = """
+import sys, ray
+from ray import serve
+
+@serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0.05})
+class Other:
+    def __call__(self, request) -> str:
+        return "other"
+
+ray.init(address=sys.argv[1], log_to_driver=False)
+serve.start(http_options={"host": "127.0.0.1", "port": int(sys.argv[2])})
+serve.run(Other.bind(), name="other-app", route_prefix="/other")
+"""
+
+
+def _job(head: LocalCluster, *args: str) -> str:
+    """`ray job ...` against the head's job API, with the head's token (the environment
+    OPERATIONS.md says a client needs: RAY_AUTH_MODE=token and the token)."""
+    p = subprocess.run(
+        [str(BIN / "ray"), "job", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=_env(head),
+        timeout=600,
+    )
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    return p.stdout + p.stderr
+
+
+def test_ray_job_stop_stops_the_run_cleanly_and_leaves_other_apps_alone(
     head: LocalCluster, tmp_path: Path
 ) -> None:
-    """`ray job stop` sends the driver SIGTERM. The run must end STOPPED in the log, with its
-    report, and leave no Serve application or actor of its own on the cluster. It runs with
-    the one session the cluster offers (env.fit_to_cluster), said in one line."""
-    run_id = "stopped"
-    run_dir = tmp_path / run_id
-    out, err = tmp_path / "stdout", tmp_path / "stderr"
-    with out.open("w") as stdout, err.open("w") as stderr:
-        proc = subprocess.Popen(
-            _train(
-                head,
-                tmp_path,
-                f"run.run_id={run_id}",
-                "env.num_sessions=2",
-                "env.fit_to_cluster=true",
-                "rollout.in_flight=2",
-                "run.eval_tasks=1",
-                "run.max_versions=1000",
-                "run.max_minutes=10",
-            ),
-            stdout=stdout,
-            stderr=stderr,
-            cwd=REPO,
-            env=_env(head),
-        )
-    try:
-        # mid-run: the first trajectory is in the log
-        deadline = time.monotonic() + 400
-        while time.monotonic() < deadline and proc.poll() is None:
-            if (tmp_path / "dart-ray.sqlite").is_file() and _trajectories(tmp_path, run_id):
-                break
-            time.sleep(2)
-        assert proc.poll() is None, out.read_text()[-2000:] + err.read_text()[-3000:]
-        proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    stdout_text, stderr_text = out.read_text(), err.read_text()
-    assert rc == 0, stdout_text[-2000:] + stderr_text[-3000:]
+    """`ray job submit` as OPERATIONS.md writes it (its runtime env, `--working-dir .`, a head
+    with Ray's token authentication), then `ray job stop` mid-run (issue 45, point 7): Ray
+    sends SIGTERM and, with the runtime env's RAY_JOB_STOP_WAIT_TIME_S, waits for the driver.
+    The run must end STOPPED in the log, with its report, and leave no Serve application or
+    actor of its own on the cluster, while another application on the same Serve stays. It
+    runs with the one session the cluster offers (env.fit_to_cluster), said in one line."""
+    run_id, port = "stopped", free_port()
+    p = subprocess.run(
+        [sys.executable, "-c", OTHER_APP, head.address, str(port)],
+        capture_output=True, text=True, env=_env(head), timeout=300,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = _job(
+        head, "submit", "--no-wait", f"--address={head.dashboard}",
+        "--runtime-env", "cluster/jobs/runtime-env.yaml", "--working-dir", ".",
+        "--submission-id", "stop-me", "--",
+        "dart-ray", "train", "-c", "configs/tiny-cpu.toml", "cluster.address=auto",
+        f"run.root_dir={tmp_path}", f"run.run_id={run_id}", f"policy.http_port={port}",
+        "env.num_sessions=2", "env.fit_to_cluster=true", "rollout.in_flight=2",
+        "run.eval_tasks=1", "run.max_versions=1000", "run.max_minutes=10",
+    )  # fmt: skip
+    assert "stop-me" in out
+    deadline = time.monotonic() + 500
+    while time.monotonic() < deadline:  # mid-run: the first trajectory is in the log
+        if (tmp_path / "dart-ray.sqlite").is_file() and _trajectories(tmp_path, run_id):
+            break
+        status = _job(head, "status", f"--address={head.dashboard}", "stop-me")
+        assert "RUNNING" in status or "PENDING" in status, status
+        time.sleep(3)
+    _job(head, "stop", f"--address={head.dashboard}", "stop-me")
+    while time.monotonic() < deadline + 300:
+        status = _job(head, "status", f"--address={head.dashboard}", "stop-me")
+        if any(s in status for s in ("STOPPED", "SUCCEEDED", "FAILED")):
+            break
+        time.sleep(2)
+    logs = _job(head, "logs", f"--address={head.dashboard}", "stop-me")
+    assert "STOPPED" in status, status + logs[-3000:]
     fitted = "the cluster offers 1 units of 'env', so the run starts 1 of env.num_sessions = 2"
-    assert fitted in stderr_text
-    assert "SIGTERM: stopping the run" in stderr_text
+    assert fitted in logs
+    assert "SIGTERM: stopping the run" in logs
     assert _status(tmp_path, run_id) == "STOPPED"
+    run_dir = tmp_path / run_id
     assert (run_dir / "report.json").is_file()
-    # the run folder, whole, at the start and at the end
-    lines = stdout_text.splitlines()
-    assert f"run {run_id}: outputs in {run_dir}" in lines
-    assert f"outputs in {run_dir}: report.json, curve.png, system.png, tb/" in lines
-    left = _left_on_cluster(head, run_id)
-    assert left == {"apps": [], "actors": []}, left
+    assert f"outputs in {run_dir}: report.json, curve.png, system.png, tb/" in logs
+    assert _left_on_cluster(head, run_id) == {"apps": [], "actors": []}
+    assert _left_on_cluster(head, "other-app")["apps"] == ["other-app"]
 
 
 def _trajectories(root: Path, run_id: str) -> int:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
@@ -346,8 +348,9 @@ def test_samples_of_discarded_versions_are_judged_by_their_distance_through_the_
     assert reg.discard_above("run-a", 2, "resumed from v2") == [3, 4]
     _publish(reg, 5)  # the resumed trainer publishes its weights (v2's) as v5
     core.set_version(5)
-    # at v5 (bound: >= 2): v4 is as far as a v3 sample (2 behind), v3 as a v4 (1 behind)
-    assert [core.lineage.effective(v) for v in (2, 3, 4, 5)] == [2, 4, 3, 5]
+    # at v5 (bound: >= 2): v4 is as far as a v3 sample (2 behind), v3 as a v4 (1 behind),
+    # and v2's weights are v5's (republished): 0 behind
+    assert [core.lineage.effective(v) for v in (2, 3, 4, 5)] == [5, 4, 3, 5]
     for name, v in (("late", 3), ("ancestor", 2), ("fresh", 5)):
         write_group(log, blobs, name, 0, [1.0, 0.0, 0.0, 0.0], version=v)
     core.poll()
@@ -432,3 +435,114 @@ def test_the_pace_is_rows_leaving_the_queue_per_version_and_versions_per_second(
     core.poll(now=121.0)
     pace = core.pace(available=0, now=121.0)
     assert (pace.waiting_rows, pace.curated_rows) == (2, 3 + 4 + 4)
+
+
+def _states_by_task(engine: Engine) -> dict[str, Counter[int]]:
+    rr = rollout_run.c
+    with engine.connect() as c:
+        rows = c.execute(sa.select(rr.task_id, rr.state)).all()
+    out: dict[str, Counter[int]] = {}
+    for task, state in rows:
+        out.setdefault(task, Counter())[state] += 1
+    return out
+
+
+def test_a_group_whose_curation_raises_is_quarantined_and_the_others_train(
+    log: DurableLog, engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 45, point 1: a poison group before a healthy one. Before the fix the exception
+    left the poll, the popped groups were lost from the buffer and their rows stayed CLAIMED
+    (renewed for ever): the run stalled. Now the poison rows are QUARANTINED with the reason,
+    and the healthy group trains in the same poll."""
+    import dart_ray.data.curator as curator_mod
+
+    real = curator_mod.curate_group
+
+    def poisoned(members, params, replay=None):  # type: ignore[no-untyped-def]
+        if members[0][1].task.task_id == "poison":
+            raise KeyError("a field the curation needs")
+        return real(members, params, replay)
+
+    monkeypatch.setattr(curator_mod, "curate_group", poisoned)
+    blobs = BlobStore(tmp_path / "blobs")
+    write_group(log, blobs, "poison", 0, [1.0, 0.0, 0.0, 0.0])
+    write_group(log, blobs, "healthy", 0, [1.0, 0.0, 0.0, 0.0])
+    core = CuratorCore(log, blobs, settings(groups_per_step=1))
+    core.poll()
+    step = core.take_step()
+    assert step is not None and step.num_groups == 1
+    core.ack(step.step_id)
+    states = _states_by_task(engine)
+    assert states["poison"] == Counter({RowState.QUARANTINED: 4})
+    assert states["healthy"] == Counter({RowState.CONSUMED: 4})
+    assert core.metrics.quarantined == Counter({"curation": 4})
+    assert core.metrics.held_rows == 0  # nothing left claimed and renewed
+    with engine.connect() as c:
+        reasons = set(c.scalars(sa.select(rollout_run.c.drop_reason).where(
+            rollout_run.c.task_id == "poison")))  # fmt: skip
+    assert reasons == {"curation: KeyError: 'a field the curation needs'"}
+
+
+def test_bad_data_of_every_kind_is_quarantined_with_its_reason(
+    log: DurableLog, engine: Engine, tmp_path: Path
+) -> None:
+    """A corrupt blob, a missing blob, and a trajectory that cannot train (a step without
+    response tokens): each is settled QUARANTINED with where it broke; a healthy group
+    trains beside them."""
+    blobs = BlobStore(tmp_path / "blobs")
+    write_group(log, blobs, "healthy", 0, [1.0, 0.0, 0.0, 0.0])
+    write_group(log, blobs, "corrupt", 0, [1.0, 0.0])
+    write_group(log, blobs, "missing", 0, [1.0, 0.0])
+    rr = rollout_run.c
+    with engine.connect() as c:
+        uris = dict(c.execute(sa.select(rr.trajectory_id, rr.uri)).all())
+    Path(uris["corrupt#0/0"]).write_bytes(b"PAR1 not a parquet file")
+    Path(uris["missing#0/1"]).unlink()
+    empty = make_trajectory(
+        "empty#0/0", task_id="empty", reward=1.0, group_id="empty#0", group_size=2
+    )
+    empty = replace(
+        empty, steps=(replace(empty.steps[0], response_ids=(), behaviour_logprobs=(), entropy=()),)
+    )
+    other = make_trajectory("empty#0/1", task_id="empty", group_id="empty#0", group_size=2)
+    log.append_many([(t, blobs.write(t)) for t in (empty, other)])
+    core = CuratorCore(log, blobs, settings(groups_per_step=1, min_group=1, group_timeout_s=0))
+    core.poll()
+    with engine.connect() as c:
+        quarantined = c.scalars(sa.select(rr.drop_reason).where(rr.state == RowState.QUARANTINED))
+        reasons = dict(Counter(r.split(":")[0] for r in quarantined))
+    assert reasons == {"blob_unreadable": 2, "curation": 2}
+    assert core.metrics.quarantined == Counter({"blob_unreadable": 2, "curation": 2})
+    assert _states_by_task(engine)["healthy"] == Counter({RowState.CLAIMED: 4})  # in a step
+    assert core.take_step() is not None
+
+
+def test_rows_of_the_durable_version_are_as_fresh_as_its_republished_weights(
+    log: DurableLog, engine: Engine, tmp_path: Path
+) -> None:
+    """Issue 45, point 4: versions 1-6 were published, the trainer resumed from the durable
+    v2 (3-6 discarded) and published v2's weights again as v7. A row of v2 was sampled by
+    exactly v7's weights: 0 behind at v7, 1 at v8 (bound 2). Before the fix its tag made it
+    5 and 6 behind and it was dropped as stale: every row logged by the durable version
+    before the crash was thrown away after a resume."""
+    blobs = BlobStore(tmp_path / "blobs")
+    reg = CheckpointRegistry(engine)
+    _publish(reg, 1, 2, 3, 4, 5, 6)
+    assert reg.discard_above("run-a", 2, "resumed from v2") == [3, 4, 5, 6]
+    _publish(reg, 7, 8)
+    core = CuratorCore(
+        log,
+        blobs,
+        settings(groups_per_step=1, max_staleness=2, queue_depth=8),
+        lineage=lambda: reg.lineage("run-a"),
+    )
+    core.set_version(8)
+    assert [core.lineage.effective(v) for v in (1, 2, 4, 7)] == [6, 7, 5, 7]
+    write_group(log, blobs, "durable", 0, [1.0, 0.0, 0.0, 0.0], version=2)  # 1 behind
+    write_group(log, blobs, "ancestor", 0, [1.0, 0.0, 0.0, 0.0], version=1)  # 2 behind
+    write_group(log, blobs, "dead", 0, [1.0, 0.0, 0.0, 0.0], version=4)  # 2 + 1 behind
+    core.poll()
+    steps = [core.take_step() for _ in range(3)]
+    assert sorted(st.min_version for st in steps if st is not None) == [1, 2]
+    _, drops, _ = settled(engine)
+    assert drops == Counter({"stale": 4})

@@ -412,3 +412,46 @@ def test_the_desktop_goes_when_its_server_is_killed() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.skipif(
+    __import__("os").geteuid() != 0, reason="confining a desktop needs root (a mount namespace)"
+)
+def test_a_confined_desktop_forgets_system_changes_and_daemons_at_reset() -> None:
+    """Issue 45, point 6: what an episode changes in system folders (here as root, as the
+    OSWorld profile's `sudo` would: a file in /etc, a package's files under /usr) and the
+    daemons it leaves (`setsid`, out of the server's process group) are gone at the next
+    reset, and the machine's own /etc never saw the file. Before, they persisted into the
+    next episode on the same desktop."""
+    import os
+    import time
+
+    marker = f"/etc/dart-confine-{os.getpid()}"
+    cfg = EnvConfig.model_validate(
+        {"kind": "desktop", "screen_width": 800, "screen_height": 600, "desktop": {"confine": True}}
+    )
+    env = LocalDesktopEnv(cfg)
+    try:
+        task = next(t for t in load_desktop_tasks() if t.task_id == "term-copy")
+        env.reset(task)
+        c = env.client
+        assert c is not None
+        c.execute(f"echo leaked > {marker} && mkdir -p /usr/local/lib/dart-pkg", shell=True)
+        c.execute("setsid sleep 600 >/dev/null 2>&1 < /dev/null &", shell=True)
+        time.sleep(0.5)
+        inside = c.execute(f"cat {marker}; ls -d /usr/local/lib/dart-pkg", shell=True)
+        assert "leaked" in inside["output"] and "dart-pkg" in inside["output"]
+        assert not Path(marker).exists()  # the machine's /etc never had it
+        daemons = [
+            p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "600"]
+        ]
+        assert daemons
+        env.reset(task)
+        c = env.client
+        assert c is not None
+        after = c.execute(f"ls {marker} /usr/local/lib/dart-pkg 2>&1; echo done", shell=True)
+        assert "No such file" in after["output"] and after["output"].count("No such file") == 2
+        assert not any(p.is_running() for p in daemons)
+    finally:
+        env.close()
+    assert not Path(marker).exists()

@@ -234,6 +234,32 @@ def test_a_point_off_the_page_is_a_failed_step_not_a_crash(env: MiniWobEnv) -> N
     assert env.healthy()
 
 
+@pytest.mark.parametrize("error", ["TimeoutException", "StaleElementReferenceException"])
+def test_a_browser_error_with_a_healthy_browser_aborts_the_episode(
+    env: MiniWobEnv, error: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 45, point 2: a WebDriver error other than a point off the page (a command that
+    timed out under load, an element gone stale) is the machine's, whether or not the browser
+    still answers: the episode is aborted (EnvCrashed, then retried), never scored as the
+    model's invalid step. Before the fix a healthy browser turned it into `invalid`."""
+    from selenium.common import exceptions
+
+    from dart_ray.envs.base import EnvCrashed
+
+    env.reset(_task("click-test", 12))
+    gym = env._gym
+    assert gym is not None
+
+    def fail(*_: object) -> None:
+        raise getattr(exceptions, error)("injected")
+
+    monkeypatch.setattr(gym, "step", fail)
+    with pytest.raises(EnvCrashed, match=f"erred \\(still answering\\) on step: {error}"):
+        env.step(Action(ActionKind.CLICK, point=(80.0, 100.0)))
+    monkeypatch.undo()
+    assert env.healthy()
+
+
 def _js(env: MiniWobEnv, script: str) -> Any:
     return env._gym.instance.driver.execute_script(script)  # type: ignore[union-attr]
 

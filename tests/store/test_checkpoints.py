@@ -80,9 +80,15 @@ def test_deprecate_and_soft_delete(engine: Engine) -> None:
 
 def test_a_discarded_version_counts_by_its_distance_through_the_version_tree() -> None:
     """Resumed from v2 with v3, v4 lost (v5 = v2's weights), later from v7 with v8 lost
-    (v9 = v7's). A v4 sample is 2 updates past v2, so as far from the lineage as a v3 one
-    (5 - 2); v3 as a v4 (5 - 1); v8 as a v8 (9 - 1). Kept versions are themselves."""
+    (v9 = v7's). Against the current version c, a sample's distance is its updates to the
+    branch point plus the lineage's from there:
+      v1: 1 (to v2) + 2 (v5 to v7) + c - 9 = c - 6        v2: c - 7 (its weights are v5's)
+      v3: 1 (back to v2) + 2 + c - 9 = c - 6              v4: 2 + 2 + c - 9 = c - 5
+      v5: 2 + c - 9 = c - 7     v6: c - 8     v7: c - 9 (= v9's weights)
+      v8: 1 (back to v7) + c - 9 = c - 8                  v9, v10: themselves
+    so the effective versions are c minus those distances (issue 45, point 4: before, a kept
+    version counted as itself, and v2's samples as 3 behind v5 where they are 0)."""
     from dart_ray.store.checkpoints import Lineage
 
     lin = Lineage(newest=10, discarded=frozenset({3, 4, 8}))
-    assert [lin.effective(v) for v in range(1, 11)] == [1, 2, 4, 3, 5, 6, 7, 8, 9, 10]
+    assert [lin.effective(v) for v in range(1, 11)] == [6, 7, 6, 5, 7, 8, 9, 8, 9, 10]

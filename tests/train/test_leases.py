@@ -80,3 +80,55 @@ def test_the_heartbeat_thread_renews_while_the_trainer_is_busy(log: DurableLog) 
     keeper.stop()
     with pytest.raises(LeaseLostError):
         keeper.renew()
+
+
+def test_a_heartbeat_during_the_acks_of_a_durable_save_loses_no_lease(
+    log: DurableLog,
+    tmp_path,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    """Issue 45, point 3, at its call site (`Publisher.make_durable`): the publisher acks
+    each held claim, then tells the curator, then lets go of the claims. A heartbeat that fell
+    in between renewed claims already acknowledged (their rows CONSUMED), recorded a lost
+    lease, and the trainer's next `take` restarted it for nothing. Leases of 1.5 s (the
+    tests'), a beat every 0.05 s, and acks slowed to 0.6 s each: a beat falls between them."""
+    import dart_ray.train.worker as worker
+    from dart_ray.store.checkpoints import CheckpointRegistry
+    from dart_ray.train.checkpointing import TrainerState
+
+    log.append_many([(make_trajectory(f"t{i}", run_id="r"), f"/b/{i}") for i in range(4)])
+    claims = [log.claim("r", 2, consumer="curator", lease_s=1.5) for _ in range(2)]
+    keeper = LeaseKeeper(log, lease_s=1.5)
+    for step, c in enumerate(claims):
+        assert keeper.take(step, (c,))
+    keeper.start(period_s=0.05)
+
+    class SlowLog:
+        def ack(self, claim, in_version=None):  # type: ignore[no-untyped-def]
+            n = log.ack(claim, in_version=in_version)
+            time.sleep(0.6)
+            return n
+
+    class Curator:
+        class forget_steps:  # an actor method's shape
+            @staticmethod
+            def remote(session: int, steps: list[int]) -> list[int]:
+                return steps
+
+    registry = CheckpointRegistry(log.engine, log.retry)
+    store = type("S", (), {"log": SlowLog(), "checkpoints": registry})()
+    job = type("J", (), {"run_dir": str(tmp_path), "model_dir": str(tmp_path), "session": 1})()
+    pub = object.__new__(worker.Publisher)
+    pub.job, pub.store, pub.curator, pub.leases, pub.adapter = job, store, Curator(), keeper, None
+    pub.trained_at = {0: 1, 1: 1}
+    monkeypatch.setattr(worker, "save_checkpoint", lambda out, *a, **k: out)
+    monkeypatch.setattr(worker.ray, "get", lambda x: x)
+    cid = registry.create("r", 1, source="train")
+    registry.start(cid)
+    try:
+        pub.make_durable(cid, None, {}, {}, TrainerState(step=2, version=1))  # type: ignore[arg-type]
+        time.sleep(0.3)  # beats after the save find nothing held
+        keeper.renew()  # raised LeaseLostError before the fix
+    finally:
+        keeper.stop()
+    assert keeper.held == {}

@@ -273,3 +273,38 @@ def test_ranks_handed_different_steps_refuse_to_train_them(
 
     serve.delete("policy-split")
     store.dispose()
+
+
+def test_a_publish_whose_policy_app_is_gone_fails_at_once_with_the_reason(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 45, point 9, at its call site (`Publisher.publish`): with a training job running,
+    an operator's command deleted its `policy-<run_id>` application; the trainer then waited
+    in `update_weights(...).result()` for ever (no timeout), the run stopped answering its
+    stop, and Ray killed it 300 s later. Now the publish fails within a poll, naming the app,
+    and the checkpoint row it opened is FAILED (the trainer's failure ends or restarts the
+    run as any failure does)."""
+    import time
+
+    from ray import serve
+
+    from dart_ray.store.checkpoints import FAILED
+    from dart_ray.train.worker import Publisher, PublishError
+
+    cfg = load_config(None, [f"run.root_dir={tmp_path}", "train.publish_timeout_s=600"])
+    app = "policy-gone-run"
+    run_policy(cfg.policy, tiny_model_dir, name=app, route_prefix="/gone-run")
+    store = open_store(cfg, init=True)
+    pub = object.__new__(Publisher)
+    pub.job = TrainJob(cfg, "gone-run", str(tiny_model_dir), str(tmp_path), "c", app, "x", NS)
+    pub.store, pub.adapter = store, None
+    pub.policy = serve.get_deployment_handle("PolicyServer", app)
+    state = {k: v.clone() for k, v in HFEngine(tiny_model_dir).model.state_dict().items()}
+    pub.publish(1, state)  # the app is there: it loads
+    serve.delete(app)
+    t0 = time.monotonic()
+    with pytest.raises(PublishError, match=f"v2: the policy application '{app}' is gone"):
+        pub.publish(2, state)
+    assert time.monotonic() - t0 < 60  # a poll or two, never publish_timeout_s
+    assert store.checkpoints.latest("gone-run", status=FAILED).version_num == 2  # type: ignore[union-attr]
+    store.dispose()
