@@ -67,6 +67,7 @@ def settings_from_config(config: Config, run_id: str, num_ranks: int) -> Curator
         lease_s=cur.lease_s,
         max_held_rows=max_held_rows(config),
         consumer=f"curator:{run_id}",
+        pack_as_ready=config.run.mode == "decoupled",
         params=CurationParams(
             success_threshold=config.rollout.success_threshold,
             advantage_mode=config.algo.advantage,
@@ -247,6 +248,27 @@ class Curator:
             return 0
         async with self._lock:
             return await asyncio.to_thread(self.core.ack, ts.step_id)
+
+    async def settle(self, timeout_s: float = 600.0) -> int:
+        """The synchronous baseline, once a round's episodes are all logged: claim and curate
+        every row the log holds for the run (polling back to back, not at the poll interval),
+        then pack every trainable group into one step (`CuratorCore.flush`). Returns the
+        steps queued (0: the round gave nothing to train)."""
+        await self._ensure_poller()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            async with self._lock:
+                await asyncio.to_thread(self.core.poll)
+                buffer = await asyncio.to_thread(self.core.log.buffer, self._run_id)
+                waiting = sum(n for (_, st), n in buffer.items() if st == RowState.AVAILABLE)
+                if waiting == 0:
+                    queued = await asyncio.to_thread(self.core.flush)
+                    self._changed.set()
+                    return queued
+            if loop.time() >= deadline:
+                raise TimeoutError(f"{waiting} rows still unclaimed after {timeout_s:g} s")
+            await asyncio.sleep(0.01)
 
     async def set_version(self, version: int) -> None:
         """The trainer's newest version; the core also reads the registry (database I/O:

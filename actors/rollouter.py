@@ -246,7 +246,12 @@ class Rollouter:
             self._first_run = time.monotonic()
         opened_at_start = self.scheduler.groups_opened
         running: set[asyncio.Task[None]] = set()
-        admit = max_groups is None and self.c.rollout.admission and self._curator is not None
+        admit = (
+            max_groups is None
+            and self.c.run.mode == "decoupled"  # a synchronous round never runs ahead
+            and self.c.rollout.admission
+            and self._curator is not None
+        )
 
         def may_start() -> bool:
             if self._stop:

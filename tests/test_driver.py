@@ -19,13 +19,16 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_local")]
 
 
-@pytest.mark.parametrize("mode", ["decoupled", "sync"])
-def test_a_short_run_accounts_for_everything(mode: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("mode", "sampling"), [("decoupled", "batch"), ("sync", "batch"), ("sync", "dynamic")]
+)
+def test_a_short_run_accounts_for_everything(mode: str, sampling: str, tmp_path: Path) -> None:
     cfg = load_config(
         REPO / "configs" / "tiny-cpu.toml",
         [
             f"run.root_dir={tmp_path}",
             f"run.mode={mode}",
+            f"run.sync_sampling={sampling}",
             f"run.run_id=e2e-{mode}",
             "run.max_versions=2",
             "run.eval_tasks=2",

@@ -1,34 +1,32 @@
-"""The synchronous baseline's one decision, worked by hand: roll out now, and how much?"""
+"""The synchronous baseline's round, worked by hand: how many groups a `batch` round opens
+(every session, at least a step's worth), and what the curator packs at its end."""
 
 from __future__ import annotations
 
 import pytest
 
-from dart_ray.run.driver import sync_groups_needed
-
-
-def curator(**kw: int) -> dict[str, int]:
-    m = {"filling_groups": 0, "ready_groups": 0, "queue_depth": 0, "steps_handed": 0}
-    m.update(kw)
-    return m
+from dart_ray.config import load_config
+from dart_ray.run.driver import round_groups
 
 
 @pytest.mark.parametrize(
-    ("available", "state", "trained", "needed"),
+    ("overrides", "groups"),
     [
-        (0, curator(), 0, 4),  # nothing anywhere: a whole step's groups
-        (3, curator(), 0, 0),  # rows in the log the curator has not claimed yet
-        (0, curator(filling_groups=1), 0, 0),  # a group waiting for members or its timeout
-        (0, curator(queue_depth=1), 0, 0),  # a step queued for the trainer
-        (0, curator(steps_handed=2), 1, 0),  # a step handed out, not trained yet
-        (0, curator(steps_handed=2), 2, 4),  # both trained: the next step
-        # one of four groups was dropped: the step lacks one group, not four (the old rule
-        # waited for ever on the three curated groups, or sampled a whole step too many)
-        (0, curator(ready_groups=3), 0, 1),
-        (0, curator(ready_groups=5), 0, 1),  # never none: something must move
+        # DART-GUI's regime (configs/timing-osworld-7b.toml): 64 sessions / 8 rollouts = 8
+        # groups fill every session, and a step is 8 groups
+        (["env.num_sessions=64", "rollout.in_flight=64", "curation.groups_per_step=8"], 8),
+        # the default run: 8 sessions hold one group at a time, but a step is 4 groups
+        (["env.num_sessions=8", "rollout.in_flight=8", "curation.groups_per_step=4"], 4),
+        # 128 sessions, a step of 4: the batch fills every session, 16 groups
+        (["env.num_sessions=128", "rollout.in_flight=128", "curation.groups_per_step=4"], 16),
+        # sessions beyond what the rollouter keeps in flight stay idle in any mode
+        (["env.num_sessions=64", "rollout.in_flight=16", "curation.groups_per_step=1"], 2),
+        # 20 sessions: 2.5 groups of 8 round up to 3 (every session busy in the first wave)
+        (["env.num_sessions=20", "rollout.in_flight=20", "curation.groups_per_step=2"], 3),
     ],
 )
-def test_sync_rolls_out_what_the_next_step_lacks(
-    available: int, state: dict[str, int], trained: int, needed: int
+def test_a_batch_round_fills_every_session_and_at_least_a_step(
+    overrides: list[str], groups: int
 ) -> None:
-    assert sync_groups_needed(available, state, trained, 4) == needed
+    cfg = load_config(None, ["rollout.n_rollouts=8", "curation.group_size=8", *overrides])
+    assert round_groups(cfg) == groups

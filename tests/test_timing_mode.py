@@ -2,8 +2,10 @@
 session's Ray): both modes run every real part with compute replaced by latencies, and the
 run's behaviour is checked, never its speed: each mode trains and publishes, says SIMULATED,
 loses and replays nothing (the audit), trains no sample staler than the bound, and the
-decoupled mode keeps its environments busier than the synchronous one (the design's point:
-the synchronous mode's sessions wait for every train step). A third mode runs the decoupled
+decoupled mode keeps its environments busier than the synchronous ones (the design's point:
+the synchronous modes' sessions wait for every train step); both synchronous baselines (a full
+batch per round, and dynamic sampling) train only what their round rolled out, and the
+ratios name the faster one as their baseline. A third mode runs the decoupled
 one with partial rollouts (`policy.interrupt_on_update`): per-token versions reach the trainer
 and every mode reports what its weight updates cost rollout."""
 
@@ -42,7 +44,7 @@ def test_the_timing_mode_benchmark_runs_every_mode_correctly(tmp_path: Path) -> 
             "--minutes", "0.6",
             "--scale", "0.02",
             "--sessions", "8",
-            "--modes", "decoupled,sync,partial",
+            "--modes", "decoupled,sync,sync-dynamic,partial",
             "--same-ray",
             "--port", "8170",
             "--root", str(tmp_path / "runs"),
@@ -81,5 +83,11 @@ def test_the_timing_mode_benchmark_runs_every_mode_correctly(tmp_path: Path) -> 
         "ENV_ERROR", 0
     )
     assert runs["decoupled"]["env_utilisation"] > runs["sync"]["env_utilisation"]
+    # the ratios are against the faster synchronous baseline, named in the file
+    assert r["baseline"] in ("sync", "sync-dynamic")
+    faster = max(("sync", "sync-dynamic"), key=lambda m: runs[m]["samples_per_hour"])
+    assert r["baseline"] == faster and r["baseline_definition"]
+    for mode in ("sync", "sync-dynamic"):  # a synchronous step trains its own round only
+        assert max(map(int, runs[mode]["token_staleness"])) == 0, mode
     assert runs["partial"]["report"]["mode"] == "decoupled"
     assert set(r["partial_vs_decoupled"]) >= {"update_wait_s", "token_lag_mean"}

@@ -28,7 +28,16 @@ class RunConfig(Section):
     seed: int = 0
     """Seed for task sampling, environments and model initialisation."""
     mode: Literal["decoupled", "sync"] = "decoupled"
-    """`decoupled`: rollout and training overlap (DART). `sync`: the synchronous baseline."""
+    """`decoupled`: rollout and training overlap (DART). `sync`: the synchronous baseline
+    (rounds of rollouts at fixed weights, then training, then the weight sync; see
+    `sync_sampling`)."""
+    sync_sampling: Literal["batch", "dynamic"] = "batch"
+    """How a synchronous round rolls out. `batch` (verl's and DART-GUI's synchronous
+    pipeline): a full batch of groups that fills every session (max(groups_per_step, sessions
+    / n_rollouts) groups), then one step on every group of it that has signal. `dynamic`
+    (DAPO's dynamic sampling): every session kept busy at the same weights until the
+    step's `groups_per_step` groups with signal are there, then the episodes in flight
+    finish and one step trains every group with signal. docs/BENCHMARKS.md compares both."""
     max_versions: int = Field(default=20, ge=1)
     """Stop after this many weight versions have been published."""
     max_minutes: float = Field(default=60.0, gt=0)

@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import ray
 
@@ -84,6 +83,14 @@ def _run_groups(parts: runtime.Parts, groups: int) -> None:
     n = len(parts.rollouters)
     share = {i: groups // n + (i < groups % n) for i in range(n)}
     pending = {i: parts.rollouters[i].run.remote(max_groups=k) for i, k in share.items() if k > 0}
+    _drain(parts, pending, share)
+
+
+def _drain(
+    parts: runtime.Parts, pending: dict[int, ray.ObjectRef], share: dict[int, int] | None
+) -> None:
+    """Wait for the rollouters' `run()`s (their episodes logged); one that died is asked
+    again once Ray restarted it (with `share`: for its groups; else it is only waited for)."""
     while pending:
         for i, ref in list(pending.items()):
             try:
@@ -91,47 +98,53 @@ def _run_groups(parts: runtime.Parts, groups: int) -> None:
                 del pending[i]
             except _GONE as e:
                 log.warning("rollouter %d stopped (%s); asking it again", i, type(e).__name__)
-                pending[i] = parts.rollouters[i].run.remote(max_groups=share[i])
+                if share is None:
+                    del pending[i]
+                else:
+                    pending[i] = parts.rollouters[i].run.remote(max_groups=share[i])
 
 
-def sync_groups_needed(
-    available: int, curator: dict[str, Any], trained: int, groups_per_step: int
-) -> int:
-    """Sync mode: how many groups to roll out now with the weights the trainer holds; 0
-    while a step is still forming or training (rows in the log not yet claimed, a group still
-    filling, a step queued or handed out and not yet trained). Curated groups waiting for a
-    step count towards it: a step short of groups (some were dropped: no signal, env errors)
-    gets exactly the groups it lacks, so no group is sampled that the next step would train
-    after the weights changed."""
-    forming = (
-        available > 0
-        or curator["filling_groups"] > 0
-        or curator["queue_depth"] > 0
-        or curator["steps_handed"] > trained
-    )
-    if forming:
-        return 0
-    return max(1, groups_per_step - curator["ready_groups"])
+def round_groups(config: Config) -> int:
+    """Sync mode `batch`: the groups of one round: enough to fill every session at once (a
+    synchronous pipeline's rollout batch), and at least one step's worth."""
+    c = config
+    sessions = min(c.env.num_sessions, c.rollout.in_flight * c.rollout.rollouters)
+    return max(c.curation.groups_per_step, -(-sessions // c.rollout.n_rollouts))
 
 
-def _sync_iteration(parts: runtime.Parts, trainer: threading.Thread, deadline: float) -> None:
-    """Roll out the groups the next step lacks, then wait until the trainer has published a
-    new version, or until nothing more can train without more rollouts, or the budget runs
-    out. Every read of the curator waits for its poll in progress (a consistent state)."""
-    gps = parts.config.curation.groups_per_step
-    v = _policy_version(parts)
-    groups = max(1, gps - int(ray.get(parts.curator.metrics.remote())["ready_groups"]))
-    _run_groups(parts, groups)
-    log.debug("sync: %d groups rolled out at version %d", groups, v)
-    while trainer.is_alive() and _policy_version(parts) == v and time.monotonic() < deadline:
-        buffer = parts.store.log.buffer(parts.run_id)
-        available = sum(n for (_, state), n in buffer.items() if state == 0)
-        m = ray.get(parts.curator.metrics.remote())
-        trained = len(ray.get(parts.control.history.remote()))
-        if sync_groups_needed(available, m, trained, gps):
-            log.debug("sync: nothing forms at version %d (%s, %d trained): more", v, m, trained)
+def _sample_until_a_step(parts: runtime.Parts, deadline: float) -> None:
+    """Sync mode `dynamic`: every session busy at the weights the trainer holds until the
+    curator has a step's groups with signal; then no new episode, and those in flight end."""
+    gps, poll = parts.config.curation.groups_per_step, runtime.poll_interval(parts.config)
+    pending = {i: r.run.remote() for i, r in enumerate(parts.rollouters)}
+    while time.monotonic() < deadline:
+        if ray.get(parts.curator.metrics.remote(), timeout=60)["ready_groups"] >= gps:
+            break
+        time.sleep(poll)
+    for r in parts.rollouters:
+        with contextlib.suppress(*_GONE):
+            ray.get(r.stop.remote(), timeout=60)
+    _drain(parts, pending, None)
+
+
+def _sync_round(parts: runtime.Parts, trainer: threading.Thread, deadline: float) -> None:
+    """One synchronous round: roll out (`run.sync_sampling`), curate every row of it into one
+    step, and wait until the trainer has trained it and published the new weights. Only the
+    trainer's last wait polls (scaled with `timing.scale`); the rest are waits on the parts
+    themselves."""
+    c = parts.config
+    trained = len(ray.get(parts.control.history.remote(), timeout=60))
+    if c.run.sync_sampling == "dynamic":
+        _sample_until_a_step(parts, deadline)
+    else:
+        _run_groups(parts, round_groups(c))
+    steps = int(ray.get(parts.curator.settle.remote(), timeout=c.train.publish_timeout_s))
+    log.debug("sync: %d steps queued after the round", steps)
+    poll = runtime.poll_interval(c)
+    while trainer.is_alive() and steps and time.monotonic() < deadline:
+        if len(ray.get(parts.control.history.remote(), timeout=60)) >= trained + steps:
             return
-        time.sleep(0.5)
+        time.sleep(poll)
 
 
 @contextlib.contextmanager
@@ -201,7 +214,7 @@ def _train(
             finish_run(parts.store.engine, parts.run_id, "STOPPED")  # before any SIGKILL
             deadline, marked = min(deadline, time.monotonic()), True
         if config.run.mode == "sync" and time.monotonic() < deadline:
-            _sync_iteration(parts, trainer, deadline)
+            _sync_round(parts, trainer, deadline)
         else:
             trainer.join(timeout=1.0)
             rollouts = _supervise(parts, rollouts)

@@ -152,6 +152,13 @@ def check_local_inputs(config: Config) -> None:
         )
 
 
+def poll_interval(config: Config, base_s: float = 0.5) -> float:
+    """A poll's period: `base_s`, shrunk with every simulated latency in the timing mode (so
+    a poll weighs as much in the modelled regime as it does in a real run; at `timing.scale`
+    0.1 an unscaled 0.5 s poll would stand for 5 s of the regime)."""
+    return base_s * config.timing.scale if config.timing.enabled else base_s
+
+
 def check_secrets(config: Config) -> None:
     """Every secret the config names is here, before anything starts: a token variable that is
     unset fails the run at once, naming the key and the variable (the parts read their own
@@ -395,7 +402,7 @@ def _start_parts(
     )
     here = on_driver_node()
     parts.curator = Curator.options(name=parts.names("curator"), namespace=ns, **here).remote(
-        config, run_id, config.train.num_workers
+        config, run_id, config.train.num_workers, poll_interval(config)
     )
     parts.control = RunControl.options(name=parts.names("control"), namespace=ns, **here).remote(
         parts.run_id

@@ -546,3 +546,59 @@ def test_rows_of_the_durable_version_are_as_fresh_as_its_republished_weights(
     assert sorted(st.min_version for st in steps if st is not None) == [1, 2]
     _, drops, _ = settled(engine)
     assert drops == Counter({"stale": 4})
+
+
+def test_the_synchronous_round_packs_every_group_it_gave_into_one_step(
+    log: DurableLog, engine: Engine, tmp_path: Path
+) -> None:
+    """Sync mode (`pack_as_ready` off): polls curate but never pack; `flush` at the end of a
+    round releases what is still filling (a group missing a member: 3 of 4 final, min_group
+    2, is curated; one with a single final member is dropped `group_incomplete`) and packs
+    every trainable group into one step (3 here, below groups_per_step 4: a synchronous step
+    trains what its round gave)."""
+    blobs = BlobStore(tmp_path / "blobs")
+    write_group(log, blobs, "a", 0, [1.0, 0.0, 0.0, 0.0])
+    write_group(log, blobs, "b", 0, [0.0, 1.0, 0.0, 0.0])
+    write_group(log, blobs, "flat", 0, [0.0, 0.0, 0.0, 0.0])  # no signal: dropped
+    write_group(log, blobs, "short", 0, [1.0, 0.0, 0.0, 0.0][:3])  # 3 logged of 4
+    rr, short_rows = rollout_run.c, None
+    with engine.begin() as c:  # they were stamped as groups of 4
+        c.execute(rollout_run.update().where(rr.task_id == "short").values(group_size=4))
+        short_rows = c.scalar(sa.select(sa.func.count()).where(rr.task_id == "short"))
+    assert short_rows == 3
+    write_group(log, blobs, "lonely", 0, [1.0])
+    with engine.begin() as c:
+        c.execute(rollout_run.update().where(rr.task_id == "lonely").values(group_size=4))
+    core = CuratorCore(log, blobs, settings(groups_per_step=4, min_group=2, pack_as_ready=False))
+    core.poll()
+    assert core.metrics.queue_depth == 0 and core.metrics.ready_groups == 2  # a, b
+    assert core.flush() == 1
+    step = core.take_step()
+    assert step is not None and step.num_groups == 3  # a, b and the short one
+    assert core.metrics.dropped == Counter({"no_signal": 4, "group_incomplete": 1})
+
+
+def test_rows_dropped_as_stale_do_not_count_as_the_queue_draining(
+    log: DurableLog, tmp_path: Path
+) -> None:
+    """Issue 44: admission reads how many rows leave the queue per version. Rows dropped as
+    stale left it, but only because they waited too long: counted, a queue that drops rows
+    looks like one that drains fast, and admission opens more groups, which go stale in
+    turn. v0 at t=0, a step of 8 rows handed, a group of 4 stale (tagged v0, bound 0 at v1)
+    and one without signal dropped, v1 at t=10: 8 + 4 = 12 rows left per version, not 16."""
+    blobs = BlobStore(tmp_path / "blobs")
+    core = CuratorCore(log, blobs, settings(groups_per_step=2, max_staleness=1))
+    core.set_version(0, now=0.0)
+    write_group(log, blobs, "a", 0, [1.0, 0.0, 0.0, 0.0])
+    write_group(log, blobs, "b", 0, [1.0, 0.0, 0.0, 0.0])
+    write_group(log, blobs, "flat", 0, [0.0, 0.0, 0.0, 0.0])
+    core.poll(now=0.0)
+    assert core.take_step() is not None
+    write_group(log, blobs, "late", 0, [1.0, 0.0, 0.0, 0.0], version=0)
+    core.set_version(2, now=5.0)  # the bound moves to v1: "late" (v0) is stale in the log
+    core.poll(now=5.0)
+    assert core.metrics.dropped == Counter({"no_signal": 4, "stale": 4})
+    core.set_version(3, now=10.0)
+    # marks at v0 (0 left), v2 (12 left), v3 (12 left): (12 - 0) / (3 - 0) = 4 per version;
+    # counting the stale rows would have made it (16 - 0) / 3
+    assert core.pace(available=0, now=10.0).rows_per_version == 4.0
