@@ -10,7 +10,7 @@
 # Left out, because they pull torch or a numerics stack no metric of the desktop suite needs:
 #   easyocr  (torch)            -> metric compare_image_text (docs)
 #   librosa  (numba, llvmlite)  -> metric compare_audios (vlc)
-# dart_ray/envs/osworld_worker.py puts a stand-in module in their place so the metrics import,
+# dart_ray/envs/osworld/worker.py puts a stand-in module in their place so the metrics import,
 # and refuses a task naming one of those metrics, naming the package (docs/ENVIRONMENTS.md).
 # Playwright is installed as a package but without its browser download (nothing outside the
 # registries can be fetched): the Chrome getters that drive a browser through CDP fail there.
@@ -47,7 +47,7 @@ PIP=("$VENV/bin/python" -m pip -qq --disable-pip-version-check)
 "${PIP[@]}" install --no-deps "$DESKTOP_ENV_SPEC" 2>&1 | quiet
 "${PIP[@]}" install "${DEPS[@]}" 2>&1 | quiet
 # the worker imports what it will call; this fails the build, not the first evaluation
-"$VENV/bin/python" dart_ray/envs/osworld_worker.py --check
+"$VENV/bin/python" dart_ray/envs/osworld/worker.py --check
 for banned in torch transformers; do
     if "$VENV/bin/python" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$banned') is None)"; then
         echo "$banned was installed into $VENV; it must not be" >&2

@@ -393,7 +393,7 @@ def test_the_osworld_env_refuses_to_start_without_the_token_it_names(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from dart_ray.config import ConfigError, EnvConfig
-    from dart_ray.envs.osworld import OSWorldEnv
+    from dart_ray.envs.osworld.env import OSWorldEnv
 
     monkeypatch.delenv("DART_TEST_UNSET_TOKEN", raising=False)
     cfg = EnvConfig.model_validate(

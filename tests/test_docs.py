@@ -217,7 +217,7 @@ HOW: dict[str, How] = {
     r"dart-ray serve( --model \S+)?( --port \d+)?": How("check", _serve_parses),
     # long runs and services: the flags exist
     r"\.venv/bin/python (benchmarks|scripts)/\w+\.py.*": How("flags"),
-    r"(\.venv/bin/)?python -m dart_ray\.envs\.(minidesk\.generate|desktop\.server|osworld_tasks|osworld_coverage|osworld_cache|miniwob_tasks|chrome_history) .*": How(
+    r"(\.venv/bin/)?python -m dart_ray\.envs\.(minidesk\.generate|desktop\.server|osworld\.tasks|osworld\.coverage|osworld\.cache|miniwob\.tasks|osworld\.chrome_history) .*": How(
         "flags"
     ),
     # need what this machine has not: checked against what they act on
@@ -249,22 +249,22 @@ HOW: dict[str, How] = {
     r"(sudo )?bash scripts/install-osworld-desktop\.sh": How(
         "check",
         _covered(
-            "tests/envs/test_osworld_apps.py::test_the_desktop_runs_as_user_with_home_at_home_user"
+            "tests/envs/osworld/test_apps.py::test_the_desktop_runs_as_user_with_home_at_home_user"
         ),
     ),
     r"make (test-osworld-apps|osworld-desktop)": How(
         "check",
         _covered(
-            "tests/envs/test_osworld_apps.py::test_osworlds_evaluator_scores_0_before_and_1_after_the_solution"
+            "tests/envs/osworld/test_apps.py::test_osworlds_evaluator_scores_0_before_and_1_after_the_solution"
         ),
     ),
     r"make osworld-venv": How(
-        "check", _covered("tests/envs/test_osworld_official.py::test_osworld_semantics")
+        "check", _covered("tests/envs/osworld/test_official.py::test_osworld_semantics")
     ),
     r"make test-osworld": How(
         "check",
         _covered(
-            "tests/envs/test_osworld_official_desktop.py::test_ours_and_osworlds_agree_on_the_suite"
+            "tests/envs/osworld/test_official_desktop.py::test_ours_and_osworlds_agree_on_the_suite"
         ),
     ),
     r"make test-learning": How(

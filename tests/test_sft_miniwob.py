@@ -12,7 +12,7 @@ pytest.importorskip("miniwob", reason="needs the browser extra")
 
 from dart_ray.cli import main
 from dart_ray.config import EnvConfig
-from dart_ray.envs.miniwob_tasks import make_task
+from dart_ray.envs.miniwob.tasks import make_task
 from dart_ray.models.loading import PolicyProcessor, load_model
 from dart_ray.uitars.actions import CoordinateMap, parse_response
 from dart_ray.warmstart.sft import demonstrations

@@ -92,7 +92,7 @@ class DesktopOptions(Section):
     settle_s: float = Field(default=0.3, ge=0)
     """Pause after each action before the screenshot, for the application to redraw."""
     evaluator: Literal["ours", "osworld"] = "ours"
-    """Who scores an episode's end state. `ours`: `dart_ray.envs.osworld_eval`, in this
+    """Who scores an episode's end state. `ours`: `dart_ray.envs.osworld.ours`, in this
     process, the getters and metrics our desktop tasks use. `osworld`: OSWorld's own
     `DesktopEnv.evaluate` with its getters and metrics (PyPI `desktop-env`), run in a worker
     process of `osworld_venv` (`make osworld-venv`) through OSWorld's own client; every

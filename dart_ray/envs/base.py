@@ -242,9 +242,9 @@ class Env(ABC):
 
 _REGISTRY: dict[str, str] = {
     "minidesk": "dart_ray.envs.minidesk.env:MiniDeskEnv",
-    "miniwob": "dart_ray.envs.miniwob:MiniWobEnv",
-    "osworld": "dart_ray.envs.osworld:OSWorldEnv",
-    "desktop": "dart_ray.envs.osworld:LocalDesktopEnv",
+    "miniwob": "dart_ray.envs.miniwob.env:MiniWobEnv",
+    "osworld": "dart_ray.envs.osworld.env:OSWorldEnv",
+    "desktop": "dart_ray.envs.osworld.env:LocalDesktopEnv",
 }
 
 

@@ -8,28 +8,20 @@ reported apart from the in-distribution held-out set). Every consumer of tasks (
 same tasks everywhere.
 
 Two tasks are the same when they show the same first screen and say the same instruction
-(`content_key`): a held-out task equal to a training task by content measures memory, not
+(`taskfile.content_key`): a held-out task equal to a training task by content measures memory, not
 generalisation, whatever their seeds or ids. The shipped suites are disjoint by content
 between splits (tests/envs/test_suites.py renders every one).
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
-from typing import TYPE_CHECKING
-
-from PIL import Image
-
 from dart_ray.config import Config, ConfigError
 from dart_ray.config.tree import LATENCY_KIND
+from dart_ray.envs.taskfile import SPLITS, content_key
 from dart_ray.records import Task
 
-if TYPE_CHECKING:
-    from dart_ray.envs.base import Env
+__all__ = ["SPLITS", "content_key", "load_suite", "split_path"]
 
-SPLITS = ("train", "validation", "heldout", "ood")
-"""A suite's splits, in the order a generator fills them (earlier splits own a content)."""
 
 _KEYS = {
     "train": "env.tasks",
@@ -70,16 +62,3 @@ def load_suite(config: Config, split: str) -> list[Task]:
     if not tasks:
         raise ConfigError(f"no {split} task is left after env.families / env.tiers filtering")
     return tasks[: e.task_limit] if e.task_limit else tasks
-
-
-def content_key(env: Env, task: Task) -> str:
-    """What a policy sees of `task` before it acts: a digest of the first screen's pixels (not
-    its PNG bytes, which depend on the encoder), the observation's text and the instruction."""
-    obs = env.reset(task)
-    frame = getattr(obs, "frame", None)
-    img = frame if frame is not None else Image.open(io.BytesIO(obs.screenshot))
-    h = hashlib.blake2b(digest_size=16)
-    h.update(f"{img.width}x{img.height}\0".encode())
-    h.update(img.convert("RGB").tobytes())
-    h.update(b"\0" + (obs.text or "").encode() + b"\0" + task.instruction.encode())
-    return h.hexdigest()

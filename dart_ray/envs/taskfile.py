@@ -1,4 +1,5 @@
-"""Task files: JSONL, one `Task` per line, read strictly.
+"""Task files: JSONL, one `Task` per line, read strictly; and what makes two tasks the same
+(`content_key`: the first screen and the instruction a policy sees).
 
 A task file is input that someone wrote by hand or generated elsewhere, and a bad line found
 mid-run would cost a run. So every line is checked when the file is read, before anything
@@ -10,12 +11,19 @@ twice in one file.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from PIL import Image
 
 from dart_ray.config import ConfigError
 from dart_ray.records import Task
+
+if TYPE_CHECKING:
+    from dart_ray.envs.base import Env
 
 MAX_ID_LEN = 191
 """Width of `rollout_run.task_id` (and every identifier column of the durable log)."""
@@ -92,3 +100,20 @@ def read_task_file(path: str | Path, split: str = "train") -> list[Task]:
     if not tasks:
         raise TaskFileError(f"task file {p} holds no task")
     return tasks
+
+
+SPLITS = ("train", "validation", "heldout", "ood")
+"""A suite's splits, in the order a generator fills them (earlier splits own a content)."""
+
+
+def content_key(env: Env, task: Task) -> str:
+    """What a policy sees of `task` before it acts: a digest of the first screen's pixels (not
+    its PNG bytes, which depend on the encoder), the observation's text and the instruction."""
+    obs = env.reset(task)
+    frame = getattr(obs, "frame", None)
+    img = frame if frame is not None else Image.open(io.BytesIO(obs.screenshot))
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{img.width}x{img.height}\0".encode())
+    h.update(img.convert("RGB").tobytes())
+    h.update(b"\0" + (obs.text or "").encode() + b"\0" + task.instruction.encode())
+    return h.hexdigest()

@@ -7,7 +7,7 @@ ask `next_response()` for the oracle's answer to the current screen. One writer 
 
 - MiniDesk (`OracleWriter`): the oracle reads the env's scene.
 - MiniWoB++ (`MiniWobWriter`): the oracle reads the DOM in the last observation, so the writer
-  keeps that observation and the task's page (`dart_ray.envs.miniwob_oracle`).
+  keeps that observation and the task's page (`dart_ray.envs.miniwob.oracle`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dart_ray.uitars.actions import CoordinateMap, format_response
 
 if TYPE_CHECKING:
     from dart_ray.envs.base import StepResult
-    from dart_ray.envs.miniwob_oracle import MiniWobOracle
+    from dart_ray.envs.miniwob.oracle import MiniWobOracle
 
 Response = tuple[Action, str, list[int]]
 """The oracle's action, its response text and that text's token ids (end token included)."""
@@ -83,10 +83,10 @@ class OracleWriter:
 
 class MiniWobWriter:
     """MiniWoB++ in Chromium played by its oracle; a task's `subdomain` must be one the
-    oracle solves (`dart_ray.envs.miniwob_oracle.TASKS`)."""
+    oracle solves (`dart_ray.envs.miniwob.oracle.TASKS`)."""
 
     def __init__(self, processor: PolicyProcessor, env_config: EnvConfig) -> None:
-        from dart_ray.envs.miniwob import MiniWobEnv
+        from dart_ray.envs.miniwob.env import MiniWobEnv
 
         self.processor = processor
         self.env = MiniWobEnv(env_config)
@@ -99,7 +99,7 @@ class MiniWobWriter:
         self._obs: Observation | None = None
 
     def reset(self, task: Task) -> Observation:
-        from dart_ray.envs.miniwob_oracle import MiniWobOracle
+        from dart_ray.envs.miniwob.oracle import MiniWobOracle
 
         self._oracle = MiniWobOracle(str(task.config.get("subdomain")))
         self._obs = self.env.reset(task)

@@ -17,7 +17,7 @@ import requests
 from dart_ray.config import EnvConfig
 from dart_ray.envs.base import EnvCrashed, EnvInputError
 from dart_ray.envs.desktop.suite import TASKS, demo, load_desktop_tasks
-from dart_ray.envs.osworld import LocalDesktopEnv
+from dart_ray.envs.osworld.env import LocalDesktopEnv
 from dart_ray.records import Action, ActionKind, Task
 from tests.envs.desktop_demo import demo_actions
 
@@ -282,7 +282,7 @@ def test_session_recovers_from_a_killed_app_and_a_frozen_server() -> None:
 def test_emulator_pool_leases_a_fresh_desktop_per_reset(monkeypatch: pytest.MonkeyPatch) -> None:
     from dart_ray.config import DesktopOptions
     from dart_ray.envs.desktop.pool import Pool, serve
-    from dart_ray.envs.osworld import OSWorldEnv
+    from dart_ray.envs.osworld.env import OSWorldEnv
 
     monkeypatch.setenv("DART_TEST_POOL_TOKEN", "pool-secret-for-this-test")
     pool = Pool("pool-secret-for-this-test", max_emulators=1, width=800, height=600)

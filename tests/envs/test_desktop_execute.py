@@ -27,7 +27,7 @@ pytest.importorskip("Xlib", reason="needs the desktop extra")
 from dart_ray.config import DesktopOptions, EnvConfig
 from dart_ray.envs.desktop.protocol import Desktop, json_reply
 from dart_ray.envs.desktop.server import make_handler
-from dart_ray.envs.osworld import OSWorldEnv
+from dart_ray.envs.osworld.env import OSWorldEnv
 from dart_ray.envs.pyautogui_code import UnsafeAction, to_code
 from dart_ray.records import Action, ActionKind
 from dart_ray.uitars.actions import parse_response

@@ -252,7 +252,7 @@ def test_our_client_runs_the_new_setup_steps() -> None:
     """OSWorld task configs use `execute_with_verification` and `change_wallpaper` steps,
     which our client once refused as unknown types."""
     from dart_ray.config import EnvConfig
-    from dart_ray.envs.osworld import LocalDesktopEnv
+    from dart_ray.envs.osworld.env import LocalDesktopEnv
     from dart_ray.records import Task
 
     env = LocalDesktopEnv(EnvConfig(kind="desktop", screen_width=640, screen_height=480))

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from dart_ray.envs.minidesk.generate import load_tasks
-from dart_ray.envs.osworld import task_from_json
+from dart_ray.envs.osworld.env import task_from_json
 from dart_ray.envs.taskfile import MAX_ID_LEN, TaskFileError, read_task_file
 
 GOOD = {"task_id": "t/1", "instruction": "Click OK.", "env": "minidesk", "config": {"seed": 1}}

@@ -7,7 +7,7 @@ Every evaluator checks real state: file contents and directory listings (through
 `vm_command_line`), or the window titles in the accessibility tree (an editor title without
 `*` means the file is saved). They use only getters and metrics that OSWorld has, with its
 semantics, so OSWorld's own evaluator scores them as ours does
-(`tests/envs/test_osworld_official.py`). `load_desktop_tasks()` gives them as dart-ray Tasks; `python -m
+(`tests/envs/osworld/test_official.py`). `load_desktop_tasks()` gives them as dart-ray Tasks; `python -m
 dart_ray.envs.desktop.suite` prints them as JSONL.
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from dart_ray.envs.osworld import task_from_json
+from dart_ray.envs.osworld.env import task_from_json
 from dart_ray.records import Task
 
 # `timeout`: our server's launch waits that long for the xterm's window (OSWorld's answers at

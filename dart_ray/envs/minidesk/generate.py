@@ -145,7 +145,7 @@ def write_suite(
     distinct tasks among its seeds; an `ood` cell whose family names no held-out word is left
     empty (a family without such targets has no ood tasks)."""
     from dart_ray.envs.minidesk.env import MiniDeskEnv
-    from dart_ray.envs.suites import SPLITS, content_key
+    from dart_ray.envs.taskfile import SPLITS, content_key
 
     env = env or EnvConfig()
     probe = MiniDeskEnv(env)
