@@ -21,7 +21,7 @@ the replicas its handle knows when it is sent, so a replica that Serve starts wh
 is in progress (it read `latest` before the publish was recorded, and became routable after
 the broadcast listed the replicas) would otherwise serve the old version until the next
 publish. The registry records a version before the broadcast goes out and wakes every
-follower then, so such a replica loads it as soon as it is recorded (serve_apps/policy.py).
+follower then, so such a replica loads it as soon as it is recorded (serve_apps/weights.py).
 """
 
 from __future__ import annotations

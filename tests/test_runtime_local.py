@@ -29,9 +29,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 PROBE = """
 import json, sys, ray
-from dart_ray.run import runtime
+from dart_ray.run import preflight
 from dart_ray.config import load_config
-runtime.start_ray(load_config(None, sys.argv[1:]))
+preflight.start_ray(load_config(None, sys.argv[1:]))
 res = ray.cluster_resources()
 print(json.dumps({"gcs": ray.get_runtime_context().gcs_address, "nodes": len(ray.nodes()),
                   "cpu": res.get("CPU"), "env": res.get("env")}))

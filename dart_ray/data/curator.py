@@ -27,15 +27,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-
-import pyarrow as pa
 
 from dart_ray.data.batches import pack
-from dart_ray.data.curation import CurationParams, GroupOutcome, curate_group
-from dart_ray.data.grouping import GroupBuffer, PendingGroup
+from dart_ray.data.curation import GroupOutcome, curate_group
+from dart_ray.data.grouping import GroupBuffer
+from dart_ray.data.pace import PaceMeter
+from dart_ray.data.staleness import StalenessGuard
+from dart_ray.data.steps import CuratorMetrics, CuratorSettings, TrainStep
 from dart_ray.records import Status, Trajectory
 from dart_ray.rollout.admission import Pace
 from dart_ray.store.blobs import BlobStore
@@ -46,83 +46,7 @@ from dart_ray.store.log_rows import LogRow
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class CuratorSettings:
-    run_id: str
-    num_ranks: int
-    group_size: int = 8
-    min_group: int = 2
-    group_timeout_s: float = 120.0
-    group_abandon_s: float = 600.0
-    groups_per_step: int = 4
-    max_staleness: int = 2
-    queue_depth: int = 2
-    lease_s: float = 600.0
-    claim_batch: int = 256
-    max_held_rows: int = 1 << 30
-    """Most rows held claimed and not yet handed out (the curator's memory bound)."""
-    consumer: str = "curator"
-    params: CurationParams = field(default_factory=CurationParams)
-    pack_as_ready: bool = True
-    """Pack a step as soon as `groups_per_step` groups are ready (the decoupled mode). Off
-    (the synchronous baseline): only `flush` packs, at the end of a round, every group of it."""
-
-
-@dataclass
-class TrainStep:
-    """One optimizer step's worth of data: a shard per rank and the rows it consumes."""
-
-    step_id: int
-    shards: list[pa.RecordBatch]
-    rows: list[int]
-    claims: list[Claim]
-    """The step's rows grouped by the claim that holds them: whoever finishes the optimizer
-    step can acknowledge them in the log directly, even if this curator is gone by then."""
-    num_samples: int
-    num_groups: int
-    mean_reward: float
-    min_version: int = 0
-    """The oldest weight version among the step's rows (the staleness check at hand-out)."""
-    groups: list[GroupOutcome] = field(default_factory=list)
-    """The curated groups it packs (a replay that goes stale is taken out, the rest kept)."""
-
-
-@dataclass
-class CuratorMetrics:
-    queue_depth: int = 0
-    pending_groups: int = 0
-    """Groups still filling plus curated groups waiting for a step."""
-    filling_groups: int = 0
-    """Groups still waiting for members (or for their timeout)."""
-    ready_groups: int = 0
-    """Curated, trainable groups waiting for enough partners to make a step."""
-    held_rows: int = 0
-    steps_formed: int = 0
-    steps_acked: int = 0
-    rows_handed: int = 0
-    """Rows of steps handed to a trainer (what leaves the queue by training)."""
-    rows_trained: int = 0
-    samples_formed: int = 0
-    replays: int = 0
-    replays_stale: int = 0
-    """All-fail groups whose task's newest success was older than the staleness bound (so
-    not replayed), or whose replay went past the bound while the group waited (then the
-    replay alone is taken out; the group's own samples still train)."""
-    released_rows: int = 0
-    """Rows of handed-out steps given back because their trainer went away."""
-    dropped: Counter[str] = field(default_factory=Counter)
-    quarantined: Counter[str] = field(default_factory=Counter)
-    """Rows settled as bad data, by where they broke (`blob_unreadable`, `curation`,
-    `packing`)."""
-    stale_at: Counter[str] = field(default_factory=Counter)
-    """Rows dropped as stale by where they waited when the bound passed them: `log`
-    (unclaimed), `filling` (a group waiting for members), `ready` (a curated group waiting
-    for partners), `queued` (a packed step waiting for a trainer)."""
-    staleness: Counter[int] = field(default_factory=Counter)
-    """Claimed rows by version lag (current version - row version)."""
-
-
-class CuratorCore:
+class CuratorCore(StalenessGuard):
     def __init__(
         self,
         log_: DurableLog,
@@ -151,9 +75,8 @@ class CuratorCore:
         self._ready: list[GroupOutcome] = []  # curated, trainable, waiting for a step
         self._next_step = 0
         self._last_renew = time.monotonic()
-        self._marks: deque[tuple[float, int, tuple[int, int]]] = deque(maxlen=8)
-        """(time, version, (rows that had left the queue, rows handed)) at each new version:
-        the pace."""
+        self.meter = PaceMeter(float(settings.groups_per_step * settings.group_size))
+        """The trainer's pace, from the counters at each new version (admission reads it)."""
         self._read_lineage()
 
     # ------------------------------------------------------------------ inputs
@@ -164,39 +87,19 @@ class CuratorCore:
         before = self.version
         self.version = max(self.version, version)
         self._read_lineage()
-        if self.version > before or not self._marks:
+        if self.version > before or not self.meter.marked:
             now = time.monotonic() if now is None else now
-            self._marks.append((now, self.version, self._rows_left()))
-
-    def _rows_left(self) -> tuple[int, int]:
-        """Rows that have left the queue so far (handed to a trainer, or dropped for what
-        they are: no signal, an environment error, ...), and those handed. Rows dropped as
-        stale do not count: admission is there to produce none, and counting them would read
-        a queue that drops its rows as one that drains fast, and open more groups the more
-        went stale (the feedback the default run showed: 27% of rollouts stale)."""
-        handed = self.metrics.rows_handed
-        gone = sum(n for why, n in self.metrics.dropped.items() if why != "stale")
-        return handed + gone, handed
+            self.meter.mark(now, self.version, self.metrics)
 
     def pace(self, available: int, now: float | None = None) -> Pace:
-        """The trainer's pace over the last few versions and the queue ahead of a new group
-        (`available`: the log's unclaimed rows, which the caller counts), for staleness-aware
-        admission (`dart_ray.rollout.admission`). Before two versions are seen, a step's
-        nominal rows per version and no version rate; the rate counts the time since the
-        newest version, so it falls while the trainer stalls."""
-        now = time.monotonic() if now is None else now
-        nominal = float(self.s.groups_per_step * self.s.group_size)
-        rpv, hpv, vps, left = nominal, nominal, 0.0, 0.0
-        if len(self._marks) >= 2:
-            (t0, v0, (r0, h0)), (t1, v1, (r1, h1)) = self._marks[0], self._marks[-1]
-            rpv = (r1 - r0) / (v1 - v0) or nominal
-            hpv = (h1 - h0) / (v1 - v0) or nominal
-            vps = (v1 - v0) / max(now - t0, 1e-9)
-            left = max(0.0, 1.0 - (now - t1) * vps)
+        """The trainer's pace and the queue ahead of a new group, for staleness-aware
+        admission (`available`: the log's unclaimed rows, which the caller counts;
+        `PaceMeter.pace`)."""
         curated = sum(len(o.trained_rows) for o in self._ready)
         curated += sum(len(st.rows) for st in self.queue)
         waiting = available + len(self._claims) - curated
-        return Pace(self.version, rpv, vps, waiting, curated, hpv, left)
+        now = time.monotonic() if now is None else now
+        return self.meter.pace(self.version, waiting, curated, now)
 
     def _read_lineage(self) -> None:
         if self._lineage is None:
@@ -446,80 +349,6 @@ class CuratorCore:
     def steps_handed(self) -> int:
         """Steps handed to a trainer so far (the next step's number)."""
         return self._next_step
-
-    # ------------------------------------------------------------------ staleness
-
-    @property
-    def min_version(self) -> int:
-        """The oldest version a row may come from to reach a gradient now."""
-        return self.version - self.s.max_staleness
-
-    def _log_floor(self) -> int:
-        """The lowest version tag that may still train, for the log's own filter (a SQL
-        bound on tags): the bound, or lower where a tag below it is near enough through the
-        version tree (a discarded tag, or an ancestor of weights a resume republished,
-        `Lineage.effective`). Rows it lets through are judged exactly once held."""
-        reach = len(self.lineage.discarded) * 2  # no tag is shifted by more than this
-        lower = range(self.min_version - 1, self.min_version - 1 - reach, -1)
-        return min([self.min_version, *(v for v in lower if not self._unfit(v))])
-
-    def _unfit(self, version: int) -> str | None:
-        """Why a sample of `version` may not reach a gradient now, or None: older than the
-        bound, a discarded version by its distance through the version tree."""
-        return "stale" if self.lineage.effective(version) < self.min_version else None
-
-    def _keep_group(self, out: GroupOutcome, at: str) -> bool:
-        """Whether a curated group may still train. Its own rows are judged as a whole (a
-        GRPO group never trains with part of its members): one unfit row drops them all. A
-        replay that went unfit is only taken out: it was an extra sample, and the members'
-        advantages stay valid (the replay only moved their baseline)."""
-        for why in filter(None, (self._unfit(self._versions[r]) for r in out.trained_rows)):
-            self._settle_drops(out.trained_rows, why, at=at)
-            return False
-        if out.replayed is not None:
-            replay = [s for s in out.samples if s.trajectory_id == out.replayed]
-            if replay and self._unfit(min(s.weight_version for s in replay)):
-                out.samples = [s for s in out.samples if s.trajectory_id != out.replayed]
-                out.replayed = None
-                self.metrics.replays_stale += 1
-        return True
-
-    def _drop_stale_held(self) -> None:
-        """Drop every held row that may no longer train, wherever it waits: a group still
-        filling, a curated group, a queued step."""
-
-        def unfit(p: PendingGroup) -> bool:
-            return any(self._unfit(r.version_num) for r in p.rows)
-
-        for rows in self.groups.pop_where(unfit):
-            why = next(filter(None, (self._unfit(r.version_num) for r in rows)))
-            self._settle_drops([r.id for r in rows], why, at="filling")
-        self._ready = [out for out in self._ready if self._keep_group(out, at="ready")]
-        self._drop_stale_queued()
-
-    def _drop_stale_queued(self) -> None:
-        """A queued step keeps its groups that may still train; one that lost a group gives
-        the rest back to the front of the ready groups, to form a step again; one that only
-        lost a stale replay is packed again without it."""
-        keep: deque[TrainStep] = deque()
-        back: list[GroupOutcome] = []
-        for st in self.queue:
-            samples = st.num_samples
-            groups = [g for g in st.groups if self._keep_group(g, at="queued")]
-            if len(groups) < len(st.groups):
-                back.extend(groups)
-                self.metrics.steps_formed -= 1
-                self.metrics.samples_formed -= samples
-            elif sum(len(g.samples) for g in groups) < samples:
-                repacked = self._make_step(groups)
-                self.metrics.samples_formed -= samples - repacked.num_samples
-                keep.append(repacked)
-            else:
-                keep.append(st)
-        self.queue = keep
-        if back:
-            self._ready[:0] = back
-            self._pack_steps()
 
     # ------------------------------------------------------------------ helpers
 

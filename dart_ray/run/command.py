@@ -100,12 +100,12 @@ class TrainProgress:
 
 def run_train(config: Config, out: Console) -> int:
     from dart_ray.reporting.report import render
-    from dart_ray.run import driver, runtime
+    from dart_ray.run import driver, preflight, runtime
 
     # bad task files and missing secrets fail here, in one line, before Ray starts or the
     # log is touched
     load_suite(config, "train")
-    runtime.check_secrets(config)
+    preflight.check_secrets(config)
 
     progress = TrainProgress(out)
 

@@ -20,7 +20,7 @@ import ray
 
 from dart_ray.config import Config
 from dart_ray.reporting.report import RunReport, build_report
-from dart_ray.run import runtime
+from dart_ray.run import preflight, runtime
 from dart_ray.store.episodes import log_unfinished
 from dart_ray.store.runs import finish_run
 from dart_ray.train.resume import resume_from_durable
@@ -115,7 +115,7 @@ def round_groups(config: Config) -> int:
 def _sample_until_a_step(parts: runtime.Parts, deadline: float) -> None:
     """Sync mode `dynamic`: every session busy at the weights the trainer holds until the
     curator has a step's groups with signal; then no new episode, and those in flight end."""
-    gps, poll = parts.config.curation.groups_per_step, runtime.poll_interval(parts.config)
+    gps, poll = parts.config.curation.groups_per_step, preflight.poll_interval(parts.config)
     pending = {i: r.run.remote() for i, r in enumerate(parts.rollouters)}
     while time.monotonic() < deadline:
         if ray.get(parts.curator.metrics.remote(), timeout=60)["ready_groups"] >= gps:
@@ -140,7 +140,7 @@ def _sync_round(parts: runtime.Parts, trainer: threading.Thread, deadline: float
         _run_groups(parts, round_groups(c))
     steps = int(ray.get(parts.curator.settle.remote(), timeout=c.train.publish_timeout_s))
     log.debug("sync: %d steps queued after the round", steps)
-    poll = runtime.poll_interval(c)
+    poll = preflight.poll_interval(c)
     while trainer.is_alive() and steps and time.monotonic() < deadline:
         if len(ray.get(parts.control.history.remote(), timeout=60)) >= trained + steps:
             return

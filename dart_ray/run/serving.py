@@ -44,7 +44,7 @@ def serve_policy(
     import ray
     from ray import serve
 
-    from dart_ray.run.runtime import check_local_inputs, start_ray
+    from dart_ray.run.preflight import check_local_inputs, start_ray
     from serve_apps.policy import deploy_policy
 
     p = config.policy

@@ -21,7 +21,8 @@ Every write is idempotent under retry: appends are keyed by (trajectory_id, run_
 their claim id, acks by (row, claim id). That is what lets a server restart mid-stream be
 retried through without losing or doubling anything.
 
-This module owns that protocol. A row's record and columns are in `log_rows`, the per-task
+This module owns that protocol: claims, settles, leases. Appends are in `log_appends`; a
+row's record, a claim's and their errors, and the columns are in `log_rows`, the per-task
 statistics and counting queries in `log_stats`, the two clocks in `clock`; callers still
 import `LogRow`, `TaskStats`, `utcnow`, `db_now`, ... from here.
 """
@@ -29,21 +30,26 @@ import `LogRow`, `TaskStats`, `utcnow`, `db_now`, ... from here.
 from __future__ import annotations
 
 import uuid
-from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import IntegrityError
 
-from dart_ray.records import Trajectory
 from dart_ray.store.clock import db_now, utcnow
 from dart_ray.store.db import RetryPolicy, RowState, dataset_usage_events, rollout_run
-from dart_ray.store.log_rows import ROW_COLS, LogRow, log_row, model_version_name, row_values
-from dart_ray.store.log_stats import LogStats, TaskStats
+from dart_ray.store.log_appends import LogAppends
+from dart_ray.store.log_rows import (
+    ROW_COLS,
+    Claim,
+    ClaimRaceError,
+    LeaseLostError,
+    LogRow,
+    log_row,
+    model_version_name,
+)
+from dart_ray.store.log_stats import TaskStats
 
 __all__ = [
     "Claim",
@@ -58,34 +64,10 @@ __all__ = [
 ]
 
 
-class LeaseLostError(RuntimeError):
-    """Rows of a claim are no longer held by it (the lease expired and they went back)."""
-
-
-class ClaimRaceError(RuntimeError):
-    """A claim selected rows that another transaction had already taken: nothing was
-    claimed (the transaction rolled back); claiming again is safe."""
-
-
-@dataclass(frozen=True, slots=True)
-class Claim:
-    claim_id: str
-    consumer: str
-    run_id: str
-    rows: tuple[LogRow, ...]
-    lease_expires_at: datetime
-
-    @property
-    def row_ids(self) -> list[int]:
-        return [r.id for r in self.rows]
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-
-class DurableLog(LogStats):
-    """The log's API over one SQLAlchemy engine (thread-safe; one per process). The
-    statistics and counting queries come from `LogStats` (`dart_ray.store.log_stats`)."""
+class DurableLog(LogAppends):
+    """The log's API over one SQLAlchemy engine (thread-safe; one per process). Appends come
+    from `LogAppends` (`dart_ray.store.log_appends`), the statistics, counting queries and
+    row reads from `LogStats` (`dart_ray.store.log_stats`)."""
 
     def __init__(
         self,
@@ -98,80 +80,6 @@ class DurableLog(LogStats):
         self.retry = retry or RetryPolicy()
         self.success_threshold = success_threshold
         self._mysql = engine.dialect.name in ("mysql", "mariadb")
-
-    # ------------------------------------------------------------------ append
-
-    def append(self, trajectory: Trajectory, uri: str) -> bool:
-        """Log one finished trajectory whose blob is at `uri`. False if it was already there."""
-        return self.append_many([(trajectory, uri)]) == 1
-
-    def append_many(self, items: Sequence[tuple[Trajectory, str]]) -> int:
-        """Log trajectories in one transaction; returns how many were new (idempotent)."""
-        if not items:
-            return 0
-
-        def attempt() -> int:
-            try:
-                return self._append_txn(items)
-            except IntegrityError:
-                # A concurrent appender of one of these trajectories committed first; the
-                # transaction rolled back, and a second pass sees its rows as already logged.
-                return self._append_txn(items)
-
-        return self.retry.run(attempt, "append")
-
-    def _append_txn(self, items: Sequence[tuple[Trajectory, str]]) -> int:
-        by_run: dict[str, list[tuple[Trajectory, str]]] = defaultdict(list)
-        for t, uri in items:
-            by_run[t.run_id].append((t, uri))
-        with self.engine.begin() as c:
-            new: list[tuple[Trajectory, str]] = []
-            for run_id, group in by_run.items():
-                ids = list({t.trajectory_id for t, _ in group})
-                seen = set(
-                    c.scalars(
-                        sa.select(rollout_run.c.trajectory_id).where(
-                            rollout_run.c.run_id == run_id, rollout_run.c.trajectory_id.in_(ids)
-                        )
-                    )
-                )
-                for t, uri in group:
-                    if t.trajectory_id not in seen:
-                        seen.add(t.trajectory_id)
-                        new.append((t, uri))
-            if not new:
-                return 0
-            now = utcnow()
-            c.execute(rollout_run.insert(), [row_values(t, uri, now) for t, uri in new])
-            inserted = c.execute(
-                sa.select(
-                    rollout_run.c.id,
-                    rollout_run.c.run_id,
-                    rollout_run.c.trajectory_id,
-                    rollout_run.c.version_num,
-                ).where(
-                    sa.tuple_(rollout_run.c.run_id, rollout_run.c.trajectory_id).in_(
-                        [(t.run_id, t.trajectory_id) for t, _ in new]
-                    )
-                )
-            ).all()
-            c.execute(
-                dataset_usage_events.insert(),
-                [
-                    {
-                        "run_id": r.run_id,
-                        "trajectory_id": r.trajectory_id,
-                        "row_id": r.id,
-                        "model_version": model_version_name(r.version_num),
-                        "used_delta": 0,
-                        "event_type": "INSERT",
-                        "created_at": now,
-                    }
-                    for r in inserted
-                ],
-            )
-            self._update_task_stats(c, new, now)
-            return len(new)
 
     # ------------------------------------------------------------------ claim
 
@@ -540,12 +448,3 @@ class DurableLog(LogStats):
                 return len(rows)
 
         return self.retry.run(txn, "drop_stale")
-
-    # ------------------------------------------------------------------ read rows
-
-    def get_rows(self, run_id: str, trajectory_ids: Sequence[str]) -> list[LogRow]:
-        rr = rollout_run.c
-        q = sa.select(*ROW_COLS).where(
-            rr.run_id == run_id, rr.trajectory_id.in_(list(trajectory_ids))
-        )
-        return [log_row(r) for r in self._fetch(q, "get_rows")]

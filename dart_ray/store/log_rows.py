@@ -1,6 +1,6 @@
 """A `rollout_run` row as the log's Python side sees it: the `LogRow` record, the columns a
-row is read with (`ROW_COLS`) and turned into a record by (`log_row`), and the values a
-finished trajectory is inserted with (`row_values`)."""
+row is read with (`ROW_COLS`) and turned into a record by (`log_row`), the values a finished
+trajectory is inserted with (`row_values`); and a `Claim` of rows with its two errors."""
 
 from __future__ import annotations
 
@@ -95,3 +95,28 @@ def row_values(t: Trajectory, uri: str, now: datetime) -> dict[str, Any]:
         "instruction": t.task.instruction,
         "created_at": now,
     }
+
+
+class LeaseLostError(RuntimeError):
+    """Rows of a claim are no longer held by it (the lease expired and they went back)."""
+
+
+class ClaimRaceError(RuntimeError):
+    """A claim selected rows that another transaction had already taken: nothing was
+    claimed (the transaction rolled back); claiming again is safe."""
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    claim_id: str
+    consumer: str
+    run_id: str
+    rows: tuple[LogRow, ...]
+    lease_expires_at: datetime
+
+    @property
+    def row_ids(self) -> list[int]:
+        return [r.id for r in self.rows]
+
+    def __len__(self) -> int:
+        return len(self.rows)

@@ -1,6 +1,7 @@
 """What the log counts: per-task statistics (`task_stats`, kept up to date in the same
 transaction as each append) and the read-only queries over a run's rows (outcomes, the
-buffer by version and state, success by version, drops). `DurableLog` inherits them from
+buffer by version and state, success by version, drops, rows by trajectory id). `DurableLog`
+inherits them from
 `LogStats`; none of them claims, settles or leases anything."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from sqlalchemy.engine import Connection, Engine
 from dart_ray.algo.curriculum import Outcome
 from dart_ray.records import Status, Trajectory
 from dart_ray.store.db import RetryPolicy, RowState, episode_start, rollout_run, task_stats
+from dart_ray.store.log_rows import ROW_COLS, LogRow, log_row
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +260,13 @@ class LogStats:
             .group_by(rr.drop_reason)
         )
         return {str(reason or ""): n for reason, n in self._fetch(q, "drops")}
+
+    def get_rows(self, run_id: str, trajectory_ids: Sequence[str]) -> list[LogRow]:
+        rr = rollout_run.c
+        q = sa.select(*ROW_COLS).where(
+            rr.run_id == run_id, rr.trajectory_id.in_(list(trajectory_ids))
+        )
+        return [log_row(r) for r in self._fetch(q, "get_rows")]
 
 
 def _task_stats(r: Any) -> TaskStats:

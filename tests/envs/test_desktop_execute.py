@@ -25,7 +25,8 @@ from hypothesis import HealthCheck, given, settings
 pytest.importorskip("Xlib", reason="needs the desktop extra")
 
 from dart_ray.config import DesktopOptions, EnvConfig
-from dart_ray.envs.desktop.protocol import Desktop, json_reply
+from dart_ray.envs.desktop.protocol import Desktop
+from dart_ray.envs.desktop.requests import json_reply
 from dart_ray.envs.desktop.server import make_handler
 from dart_ray.envs.osworld.env import OSWorldEnv
 from dart_ray.envs.pyautogui_code import UnsafeAction, to_code

@@ -26,7 +26,8 @@ from dart_ray.engines.hf import HFEngine
 from dart_ray.models.loading import ModelDirError
 from dart_ray.models.weights import pack
 from dart_ray.uitars.prompts import BadRequest
-from serve_apps.policy import UpdateReport, build_app, deploy_policy, run_policy
+from serve_apps.policy import build_app, deploy_policy, run_policy
+from serve_apps.weights import UpdateReport
 from tests.policy_helpers import GREEDY, png, request
 from tests.serve_apps.conftest import TOKEN_ENV
 

@@ -41,7 +41,7 @@ def test_the_registry_holds_the_published_object_not_a_copy() -> None:
 def test_weights_go_with_the_trainer_that_put_them() -> None:
     """The price of no copy: once its publisher is gone, the newest version cannot be loaded
     (ObjectLostError), which a replica starting then treats as 'serve the folder's weights
-    until the next publish' (serve_apps/policy.py)."""
+    until the next publish' (serve_apps/weights.py)."""
     registry = WeightRegistry.remote()
     pub = _Publisher.remote()
     ray.get(pub.publish.remote(registry, 4))

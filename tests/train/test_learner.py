@@ -365,7 +365,8 @@ def test_with_train_lora_the_worker_steps_only_the_adapters(
     """The worker's own build (`_build`): adapters injected, the optimizer holds only them,
     and a step moves them and nothing of the base."""
     from dart_ray.models import lora
-    from dart_ray.train.worker import TrainJob, _build
+    from dart_ray.train.job import TrainJob
+    from dart_ray.train.worker import _build
 
     cfg = load_config(None, ["train.lora.enabled=true", "train.lora.rank=4", "train.lr=1e-2"])
     job = TrainJob(cfg, "lora", str(tiny_model_dir), str(tmp_path), "c", "p", "k", "ns")
@@ -389,7 +390,8 @@ def test_a_resumed_run_keeps_its_base_as_the_kl_reference(
     import shutil
 
     from dart_ray.models.loading import load_model
-    from dart_ray.train.worker import TrainJob, _build
+    from dart_ray.train.job import TrainJob
+    from dart_ray.train.worker import _build
 
     ckpt = tmp_path / "checkpoint"
     shutil.copytree(tiny_model_dir, ckpt)

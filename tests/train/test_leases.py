@@ -92,7 +92,7 @@ def test_a_heartbeat_during_the_acks_of_a_durable_save_loses_no_lease(
     in between renewed claims already acknowledged (their rows CONSUMED), recorded a lost
     lease, and the trainer's next `take` restarted it for nothing. Leases of 1.5 s (the
     tests'), a beat every 0.05 s, and acks slowed to 0.6 s each: a beat falls between them."""
-    import dart_ray.train.worker as worker
+    import dart_ray.train.publisher as worker
     from dart_ray.store.checkpoints import CheckpointRegistry
     from dart_ray.train.checkpointing import TrainerState
 

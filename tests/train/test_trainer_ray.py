@@ -20,8 +20,9 @@ from dart_ray.store import open_store
 from dart_ray.store.audit import audit
 from dart_ray.store.db import RowState
 from dart_ray.train.checkpointing import TrainerState, read_trainer_state
+from dart_ray.train.job import TrainJob
 from dart_ray.train.resume import resume_from_durable, resume_point
-from dart_ray.train.worker import TrainJob, train_loop_per_worker
+from dart_ray.train.worker import train_loop_per_worker
 from serve_apps.policy import run_policy
 from tests.policy_helpers import png, request
 from tests.train.rollouts import log_group, policy_trajectories
@@ -289,7 +290,7 @@ def test_a_publish_whose_policy_app_is_gone_fails_at_once_with_the_reason(
     from ray import serve
 
     from dart_ray.store.checkpoints import FAILED
-    from dart_ray.train.worker import Publisher, PublishError
+    from dart_ray.train.publisher import Publisher, PublishError
 
     cfg = load_config(None, [f"run.root_dir={tmp_path}", "train.publish_timeout_s=600"])
     app = "policy-gone-run"

@@ -1,4 +1,7 @@
-"""The OSWorld in-VM protocol's operations on one desktop, apart from HTTP.
+"""The OSWorld in-VM protocol's operations on one desktop, apart from HTTP: observation
+(screenshot, accessibility, files, windows), execution, recording and reset here; the set-up
+steps (`/setup/*`: launch, open a file, windows, upload, download, wallpaper) in
+`setup_steps`; request parsing and replies in `requests`.
 
 Each method takes the request's body (JSON, or a form: see `parse_body`) and returns `(status, body bytes, content type)`;
 `server.py` routes HTTP requests to them. Keeping the operations free of HTTP makes them easy
@@ -10,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import shlex
 import shutil
@@ -18,86 +20,20 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Callable
-from email.parser import BytesParser
-from email.policy import HTTP
 from pathlib import Path
 from typing import Any
 
-from PIL import Image, ImageDraw, ImageGrab
+from PIL import ImageDraw, ImageGrab
 
 from dart_ray.envs.desktop import atspi_tree
 from dart_ray.envs.desktop.machine import Machine
+from dart_ray.envs.desktop.requests import BadRequest, Reply, json_reply, required
+from dart_ray.envs.desktop.setup_steps import SetupSteps
 from dart_ray.envs.desktop.xwindows import XWindows, find
 
-Reply = tuple[int, bytes, str]  # status, body, content type
 
-
-class BadRequest(ValueError):
-    """The request is malformed; answered with 400 and this message."""
-
-
-def json_reply(obj: Any, status: int = 200) -> Reply:
-    return status, json.dumps(obj).encode(), "application/json"
-
-
-def parse_body(content_type: str, raw: bytes) -> dict[str, Any]:
-    """The request's fields, whatever way the client sent them.
-
-    OSWorld's own client mixes encodings: most calls post JSON, but `get_file` posts
-    `file_path` and `get_vm_window_size` posts `app_class_name` as an urlencoded form, and
-    `/setup/upload` is multipart. So the body is read by its Content-Type: a form field is a
-    string, a multipart file part is bytes; a body with no (or another) type is read as JSON."""
-    if not raw:
-        return {}
-    kind = content_type.split(";", 1)[0].strip().lower()
-    if kind == "application/x-www-form-urlencoded":
-        try:
-            pairs = urllib.parse.parse_qsl(
-                raw.decode(), keep_blank_values=True, strict_parsing=True
-            )
-        except (UnicodeDecodeError, ValueError) as e:
-            raise BadRequest(f"the form body is not valid urlencoded text: {e}") from None
-        return dict(pairs)
-    if kind == "multipart/form-data":
-        msg = BytesParser(policy=HTTP).parsebytes(
-            f"Content-Type: {content_type}\r\n\r\n".encode() + raw
-        )
-        if not msg.is_multipart():
-            raise BadRequest("the multipart body has no parts (is the boundary right?)")
-        out: dict[str, Any] = {}
-        for part in msg.iter_parts():
-            name = part.get_param("name", header="content-disposition")
-            if not name:
-                continue
-            data = part.get_payload(decode=True) or b""
-            if part.get_filename() is not None:
-                out[str(name)] = data
-            else:
-                out[str(name)] = data.decode(part.get_content_charset() or "utf-8", "replace")
-        return out
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BadRequest(f"the body is not JSON ({e}); send JSON or a form") from None
-    if not isinstance(body, dict):
-        raise BadRequest("the body must be a JSON object")
-    return body
-
-
-def required(b: dict[str, Any], name: str, kind: type = str) -> Any:
-    """Field `name` of the body, present and of type `kind`, or a 400 naming it."""
-    if name not in b:
-        raise BadRequest(f"'{name}' is required")
-    v = b[name]
-    if not isinstance(v, kind) or (kind is str and not v):
-        raise BadRequest(f"'{name}' must be a non-empty {kind.__name__}")
-    return v
-
-
-class Desktop:
+class Desktop(SetupSteps):
     """The protocol's operations on one Machine."""
 
     def __init__(self, machine: Machine) -> None:
@@ -299,103 +235,6 @@ class Desktop:
         r = self.run(["bash", "-c", script], timeout=float(b.get("timeout", 120)), cwd=cwd)
         return json_reply(r | {"return_code": r["returncode"]})
 
-    def launch(self, b: dict[str, Any]) -> Reply:
-        """Start a program and answer, as OSWorld's server does, without waiting for it: a
-        program with no window (`socat ...`) or one that exits at once is launched once and
-        is not an error. `shell: true` runs the command line through a shell.
-
-        Ours: `timeout` (seconds) waits up to that long for a window of the launched process
-        group, so the next setup step finds it; the answer says whether one showed
-        (`window`) and, for a program that already ended, its `returncode`."""
-        shell = bool(b.get("shell", False))
-        command = b.get("command")
-        if command is None or command == "" or command == []:
-            raise BadRequest("'command' is required")
-        wm = self.m.ensure_wm(self.x.wm_ready)
-        if shell:
-            cmdline = self._argv(command, True)
-            assert isinstance(cmdline, str)
-            app = self.m.launch_shell(cmdline)
-        else:
-            argv = self._argv(command, False)
-            assert isinstance(argv, list)
-            try:
-                app = self.m.launch_app(argv[0], *argv[1:])
-            except FileNotFoundError as e:
-                raise BadRequest(str(e)) from None
-        proc = app.proc
-        shown = False
-        wait = b.get("timeout")
-        if wait is not None:
-
-            def ours(w: Any) -> bool:
-                try:
-                    return w.pid == proc.pid or os.getpgid(w.pid) == proc.pid
-                except (ProcessLookupError, PermissionError, OSError):
-                    return False
-
-            shown = self.wait_for_window(ours, float(wait), gone=lambda: proc.poll() is not None)
-        code = proc.poll()
-        reply: dict[str, Any] = {
-            "status": "success",
-            "message": f"{app.name} launched successfully",
-            "pid": proc.pid,
-            "window": shown,
-        }
-        if code is not None:
-            reply["returncode"] = code
-            reply["message"] += f" (it has already exited with status {code})"
-        elif wait is not None and not shown:
-            reply["message"] += f" (no window within {float(wait):g}s"
-            reply["message"] += (
-                ")" if wm else f"; the window manager {self.m.window_manager!r} is not running)"
-            )
-        return json_reply(reply)
-
-    def open_file(self, b: dict[str, Any]) -> Reply:
-        path = self._path(b.get("path"))
-        if not path.exists():
-            return json_reply({"status": "error", "message": f"{path} does not exist"}, 404)
-        self.m.launch_app("mousepad", str(path))
-        ok = self.wait_for_window(lambda w: path.name in w.name)
-        return json_reply(
-            {
-                "status": "success" if ok else "error",
-                "message": f"opened {path}" if ok else f"no window for {path.name}",
-            }
-        )
-
-    def window_action(self, b: dict[str, Any], flag: str) -> Reply:
-        name = b.get("window_name")
-        if not isinstance(name, str):
-            raise BadRequest("'window_name' must be a string")
-        wins = find(self.x.windows(), name, bool(b.get("strict")), bool(b.get("by_class")))
-        if not wins:
-            return json_reply({"status": "error", "message": f"no window {name!r}"}, 404)
-        r = self.run(["wmctrl", "-i", flag, hex(wins[0].id)])
-        return json_reply({"status": r["status"], "message": r["error"] or "ok"})
-
-    def upload(self, b: dict[str, Any]) -> Reply:
-        data = b.get("file_data")
-        if "file_path" not in b or data is None:
-            raise BadRequest("multipart form needs 'file_path' and 'file_data'")
-        path = self._path(str(b["file_path"]).strip(), "file_path")
-        if isinstance(data, str):
-            data = data.encode()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-        return json_reply({"status": "success", "message": f"wrote {len(data)} bytes to {path}"})
-
-    def download(self, b: dict[str, Any]) -> Reply:
-        url, path = b.get("url"), self._path(b.get("path"))
-        if not isinstance(url, str) or not url.startswith(("http://", "https://", "file://")):
-            raise BadRequest("'url' must be an http(s):// or file:// URL")
-        with urllib.request.urlopen(url, timeout=60) as r:
-            data = r.read()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-        return json_reply({"status": "success", "message": f"downloaded {len(data)} bytes"})
-
     def file(self, b: dict[str, Any]) -> Reply:
         path = self._path(b.get("file_path"), "file_path")  # a form field from OSWorld's client
         if not path.is_file():
@@ -423,21 +262,6 @@ class Desktop:
         if not wins:
             return json_reply({"error": "no such window"}, 404)
         return json_reply({"width": wins[0].width, "height": wins[0].height})
-
-    def change_wallpaper(self, b: dict[str, Any]) -> Reply:
-        """OSWorld's `/setup/change_wallpaper`: the image at `path`, scaled to the screen, on
-        the root window (there is no GNOME here). `/wallpaper` then returns that file."""
-        path = self._path(b.get("path"))
-        if not path.is_file():
-            return json_reply({"status": "error", "message": f"{path} does not exist"}, 404)
-        try:
-            with Image.open(path) as img:
-                scaled = img.convert("RGB").resize((self.m.width, self.m.height))
-        except OSError as e:
-            raise BadRequest(f"{path} is not an image Pillow can read: {e}") from None
-        self.x.set_background(scaled)
-        self.wallpaper = path
-        return json_reply({"status": "success", "message": f"wallpaper set to {path}"})
 
     def get_wallpaper(self, b: dict[str, Any]) -> Reply:
         """OSWorld's `POST /wallpaper`: the wallpaper's image file, 404 when none was set."""

@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from dart_ray.envs.desktop.machine import Machine
-from dart_ray.envs.desktop.protocol import BadRequest, Desktop, Reply, json_reply, parse_body
+from dart_ray.envs.desktop.protocol import Desktop
+from dart_ray.envs.desktop.requests import BadRequest, Reply, json_reply, parse_body
 
 MAX_BODY = 64 << 20
 
