@@ -370,6 +370,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     install_log_masking()  # URL passwords and secrets this process reads never reach a log
+    if not sys.stdout.isatty():  # a job's log, a file: Ray's coloured worker prefixes would
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # be escape codes in the text
     args = parse_args(argv)
     if not args.verbose:
         quiet_third_party()

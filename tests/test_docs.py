@@ -118,6 +118,11 @@ def _entrypoint(cmd: str) -> None:
     args = build_parser().parse_args(entry[1:])
     load_config(REPO / args.config if args.config else None, args.overrides)
     _tested("tests/test_job_submit.py::test_job_submit_to_a_two_node_cluster")
+    if argv[0] == "RAY_AUTH_MODE=token":  # submitted as written to a head with token auth
+        _tested(
+            "tests/cluster/test_operator_mistakes.py::"
+            "test_ray_job_stop_stops_the_run_cleanly_and_leaves_other_apps_alone"
+        )
 
 
 MANIFEST_TESTS = {
@@ -141,10 +146,10 @@ def _secret(cmd: str) -> None:
     """The Secret the docs create is the one the manifest's containers read."""
     argv = shlex.split(cmd)
     name = argv[argv.index("generic") + 1]
-    key = next(a for a in argv if a.startswith("--from-file=")).split("=")[1]
+    keys = {a.split("=")[1] for a in argv if a.startswith("--from-file=")}
     head = _kuberay_cluster()["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     refs = [e["valueFrom"]["secretKeyRef"] for e in head["env"] if "valueFrom" in e]
-    assert {"name": name, "key": key} in refs
+    assert {(r["name"], r["key"]) for r in refs} == {(name, k) for k in keys}  # all, and only
 
 
 def _port_forward(cmd: str) -> None:
@@ -277,7 +282,7 @@ HOW: dict[str, How] = {
             "test_killing_each_part_in_turn_loses_nothing_and_resume_continues"
         ),
     ),
-    r"ray job submit .* -- dart-ray train .*": How("check", _entrypoint),
+    r"(RAY_AUTH_MODE=token )?ray job submit .* -- dart-ray train .*": How("check", _entrypoint),
     r"dart-ray train( --resume \w+)?( [\w.]+=\S+)+": How("check", _train_parses),
     r"ray (up|down|dashboard) cluster/\w+\.yaml": How("check", _validate_cluster_yaml),
     r"docker build -f cluster/Dockerfile .*": How("check", _dockerfile),

@@ -131,7 +131,9 @@ def neutral_generation_config(eos_id: int, pad_id: int) -> GenerationConfig:
         encoder_no_repeat_ngram_size=0,
         min_length=0,
         temperature=1.0,
-        top_k=0,
+        # None, not 0: greedy adds no top-k warper either way, and transformers warns that a
+        # top_k set beside do_sample=False "may be ignored" (a job log's noise, issue 45)
+        top_k=None,
         top_p=1.0,
         eos_token_id=eos_id,
         pad_token_id=pad_id,

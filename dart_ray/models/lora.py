@@ -23,9 +23,10 @@ so a model with fresh adapters computes exactly the base model.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -112,6 +113,23 @@ def add_adapters(model: torch.nn.Module, spec: AdapterSpec) -> torch.nn.Module:
         if is_adapter(name) and p.dtype != base_dtype:  # peft upcasts bf16 adapters to fp32
             p.data = p.data.to(base_dtype)  # the model's dtype: what is trained and published
     return model
+
+
+@contextlib.contextmanager
+def adapters_off(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """The model with every LoRA layer bypassed for the duration: the frozen base's function
+    (the KL reference of a LoRA run, without a second copy of the weights). peft's switch also
+    stops the adapters' gradients; switching back makes them trainable again, as they were."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    for m in layers:
+        m.enable_adapters(False)
+    try:
+        yield model
+    finally:
+        for m in layers:
+            m.enable_adapters(True)
 
 
 def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

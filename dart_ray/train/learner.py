@@ -22,8 +22,10 @@ however samples fall across ranks and micro-batches.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -47,6 +49,7 @@ from dart_ray.algo.losses import (
 )
 from dart_ray.algo.sampling import SamplingSpec
 from dart_ray.config import Config
+from dart_ray.models import lora
 from dart_ray.records import SAMPLE_SCHEMA
 from dart_ray.train.forward import MicroBatch, collate, response_logprobs, score_responses
 from dart_ray.train.fsdp import comm_device
@@ -156,6 +159,7 @@ class Learner:
         tokens_per_micro: int = 8192,
         warmup_steps: int = 0,
         ref_model: torch.nn.Module | None = None,
+        ref_adapters_off: bool = False,
         suppressed_ids: list[int] | None = None,
         device: torch.device | str = "cpu",
     ) -> None:
@@ -164,6 +168,9 @@ class Learner:
         self.model = model
         self.device = torch.device(device)
         self.ref_model = ref_model
+        self.ref_adapters_off = ref_adapters_off
+        """LoRA: the KL reference is the policy itself with its adapters disabled (its frozen
+        base), not a second copy of the model."""
         self.image_processor = image_processor
         self.image_pad_id = image_pad_id
         self.pad_id = pad_id
@@ -264,7 +271,7 @@ class Learner:
     ) -> tuple[torch.Tensor, dict[str, float]]:
         s = self.s
         mask = mb.response_mask
-        kl = self.ref_model is not None and s.kl_beta > 0
+        kl = (self.ref_model is not None or self.ref_adapters_off) and s.kl_beta > 0
         scores = score_responses(self.model, mb, s.sampling, self.suppressed, full=kl)
         logp, entropy = scores.logp, scores.entropy
         prox = logp.detach() if logp_old is None else logp_old
@@ -309,11 +316,11 @@ class Learner:
                 is_weight=w,
             )
             denom, scale = n_seq, scale_seq
-        if kl and scores.logp_full is not None and self.ref_model is not None:
+        if kl and scores.logp_full is not None:
             # both sides untruncated: the KL is between the models, not their nuclei
             full = SamplingSpec(temperature=s.sampling.temperature)
-            with torch.no_grad():
-                ref_logp, _ = response_logprobs(self.ref_model, mb, full, self.suppressed)
+            with torch.no_grad(), self._reference() as ref:
+                ref_logp, _ = response_logprobs(ref, mb, full, self.suppressed)
             kl_ref = aggregate(kl_k3(scores.logp_full, ref_logp), mask, s.loss_agg, s.norm_tokens)
             loss = loss + s.kl_beta * kl_ref
             m["kl_ref"] = float(kl_ref)
@@ -329,6 +336,16 @@ class Learner:
         m["is_weight"] = float(masked_mean(w, mask)) if n_tok else 0.0
         m["tokens"] = n_tok
         return loss * denom * scale, m
+
+    @contextlib.contextmanager
+    def _reference(self) -> Iterator[torch.nn.Module]:
+        """The KL's reference model: the separate one, or (LoRA) the policy with its
+        adapters disabled for the duration."""
+        if self.ref_model is not None:
+            yield self.ref_model
+            return
+        with lora.adapters_off(self.model) as base:
+            yield base
 
     # ------------------------------------------------------------------ the step
 

@@ -55,6 +55,9 @@ from dart_ray.train.timing import timed_step
 
 log = logging.getLogger(__name__)
 
+REPORTED = ("version", "loss", "tokens", "step_s", "sync_s", "mean_reward")
+"""The step's metrics `ray.train.report` gives Ray Train (its dashboard's view of the run)."""
+
 
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
@@ -170,7 +173,11 @@ def _build(job: TrainJob) -> tuple[torch.nn.Module, Learner]:
         model.gradient_checkpointing_enable()
     device = "cuda" if c.train.use_gpu else "cpu"
     learner = _learner(job, shard_model(model, device), processor, device)
-    if c.algo.kl_beta > 0:  # the run's base, not a resumed checkpoint (with LoRA: frozen)
+    if c.algo.kl_beta > 0 and c.train.lora.enabled:
+        # the frozen base is the reference: the policy with its adapters disabled, not a
+        # second full model (on UI-TARS-7B, 16.6 GB of bf16 weights a trainer need not hold)
+        learner.ref_adapters_off = True
+    elif c.algo.kl_beta > 0:  # the run's base, not a resumed checkpoint
         ref = job.base_dir or lora.base_folder(job.model_dir)
         learner.ref_model = shard_model(load_model(ref), device)
     opt_file = Path(job.model_dir) / "optimizer.pt"
@@ -190,6 +197,10 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     job: TrainJob = loop_config["job"]
     c = job.config
     rank = _rank()
+    # Ray Train logs every `ray.train.report` at INFO with the whole dict ("Reporting training
+    # result ..."), a line per step in the job's log; the run's own progress lines and
+    # report say the same, so that logger keeps its warnings only
+    logging.getLogger("ray.train.v2._internal.execution.context").setLevel(logging.WARNING)
     torch.manual_seed(c.run.seed)
     model, learner = _build(job)
     curator = ray.get_actor(job.curator, namespace=job.namespace)
@@ -282,7 +293,8 @@ def _train_steps(
         metrics["t_end"] = time.time()  # the step and its sync ended (system.png's timeline)
         if rank == 0:
             control.record.remote(metrics)
-        ray.train.report(metrics)
+        # what Ray Train's dashboard shows of the step; the whole record goes to RunControl
+        ray.train.report({k: metrics[k] for k in REPORTED if k in metrics})
 
     # Stopped early: what was trained since the last sync or save becomes durable.
     if step > synced_step:

@@ -448,3 +448,39 @@ def test_the_rft_objective_raises_the_likelihood_of_the_kept_successes(
     mask = mb.response_mask.bool()
     assert metrics["nll"] == pytest.approx(float(-before[mask].mean()), rel=1e-4)
     assert ((after - before) * mb.response_mask).sum(1).min() > 0
+
+
+def test_with_lora_the_kl_reference_is_the_base_through_disabled_adapters(
+    engine: HFEngine, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 46: with `train.lora` and `algo.kl_beta`, the reference is the policy with its
+    adapters disabled (its frozen base), not a second full model: no separate copy is held,
+    the reference's log-probs are the base model's, and after the adapters move the KL term
+    is positive."""
+    from dart_ray.models.loading import load_model
+    from dart_ray.train.job import TrainJob
+    from dart_ray.train.worker import _build
+
+    cfg = load_config(
+        None,
+        ["train.lora.enabled=true", "train.lora.rank=4", "train.lr=5e-2", "algo.kl_beta=0.5"],
+    )
+    job = TrainJob(cfg, "lora-kl", str(tiny_model_dir), str(tmp_path), "c", "p", "k", "ns")
+    model, learner = _build(job)
+    assert learner.ref_model is None and learner.ref_adapters_off
+    batch = samples(engine, [1.0, -1.0])
+    for _ in range(3):
+        metrics = learner.step(batch, version=0)
+    assert metrics["kl_ref"] > 0
+    proc = PolicyProcessor.from_dir(tiny_model_dir)
+    mb = collate(batch, proc.image_processor, image_pad_id=proc.image_pad_id, pad_id=proc.pad_id)
+    full = SamplingSpec(temperature=1.0)
+    model.eval()
+    with torch.no_grad(), learner._reference() as ref:
+        off, _ = response_logprobs(ref, mb, full, learner.suppressed)
+    with torch.no_grad():
+        base, _ = response_logprobs(load_model(tiny_model_dir), mb, full, learner.suppressed)
+        on, _ = response_logprobs(model, mb, full, learner.suppressed)
+    mask = mb.response_mask.bool()
+    assert torch.allclose(off[mask], base[mask], atol=1e-5)  # adapters off: the base
+    assert not torch.allclose(on[mask], base[mask], atol=1e-3)  # adapters on: moved

@@ -23,7 +23,7 @@ Kept from OSWorld (`desktop_env/controllers/setup.py`):
 
 from __future__ import annotations
 
-import ipaddress
+import functools
 import re
 import shutil
 import sqlite3
@@ -46,7 +46,6 @@ TYPED_LINK = 805306368  # the `transition` OSWorld gives every visit it adds
 CHROME_EPOCH = datetime(1601, 1, 1)
 # labels that, before a two-letter country code, are part of the public suffix (co.uk, com.sg):
 # enough of the public suffix list for comparing task URLs without downloading it
-SECOND_LEVEL = {"co", "com", "net", "org", "gov", "edu", "ac", "or", "ne", "go"}
 
 
 class DevTools:
@@ -119,25 +118,22 @@ def same_url(a: str, b: str) -> bool:
     return _normal(a) == _normal(b)
 
 
+@functools.cache
+def _suffixes() -> Any:
+    """tldextract over the public suffix list it ships (no download: the list is never
+    fetched at run time), as OSWorld's `compare_urls` splits a host."""
+    import tldextract
+
+    return tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None)
+
+
 def _normal(url: str) -> str:
     if not re.match(r"^[a-zA-Z][a-zA-Z0-9+\-.]*://", url):
         url = "http://" + url  # no scheme: a host and a path, not a path alone
     p = urlparse(url)
-    host = (p.hostname or "").lower()
-    labels = host.split(".")
-    try:
-        ipaddress.ip_address(host)
-        is_ip = True
-    except ValueError:
-        is_ip = False
-    if is_ip or len(labels) < 2:
-        sub, domain = "", host
-    else:
-        cut = 2 if len(labels) > 2 and len(labels[-1]) == 2 and labels[-2] in SECOND_LEVEL else 1
-        rest = labels[:-cut]
-        sub, domain = ".".join(rest[:-1]), rest[-1]
-    sub = "" if sub == "www" else sub
-    netloc = f"{sub}.{domain}" if sub else domain
+    parts = _suffixes()((p.hostname or "").lower())
+    sub = "" if parts.subdomain == "www" else parts.subdomain
+    netloc = f"{sub}.{parts.domain}" if sub else parts.domain
     path = "" if p.path == "/" else p.path
     return urlunparse(ParseResult(p.scheme.lower(), netloc, path, p.params, p.query, p.fragment))
 
