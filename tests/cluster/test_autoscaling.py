@@ -23,12 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 import yaml
 from ray.util.state import list_actors, list_nodes
 
-from dart_ray.store.db import create_engine
-from dart_ray.testing.raycluster import LocalCluster, free_port
+from dart_ray.testing.raycluster import LocalCluster
+from dart_ray.testing.runs import audit, run_log, sql, start_tiny_run
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -68,51 +67,24 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
 
 
 def _train(c: LocalCluster, tmp: Path) -> subprocess.Popen[bytes]:
-    cmd = [
-        str(BIN / "dart-ray"),
-        "train",
-        "-c",
-        str(REPO / "configs" / "tiny-cpu.toml"),
-        f"run.root_dir={tmp}",
-        f"run.run_id={RUN}",
-        "run.eval_tasks=0",
+    return start_tiny_run(
+        c,
+        tmp,
+        RUN,
+        NS,
+        SESSIONS,
         "run.max_versions=3",
         "run.max_minutes=4",
-        f"cluster.address={c.address}",
-        f"cluster.namespace={NS}",
-        "cluster.resource_wait_s=120",  # the default, said: the run waits for the autoscaler
-        f"env.num_sessions={SESSIONS}",
-        f"rollout.in_flight={SESSIONS}",
-        "rollout.max_steps=2",
-        "policy.max_new_tokens=24",
-        "curation.groups_per_step=1",
-        "curation.drop_no_signal=false",  # every group trains: the pipeline is under test
-        "train.save_every=1",
-        # parts that only the head can hold (2 CPUs; an env node has 1), as GPUs keep them
-        # off env nodes on a real cluster
-        "policy.num_cpus=2",
-        "train.cpus_per_worker=2",
-        f"policy.http_port={free_port()}",
-    ]
-    log = open(tmp / "train.log", "ab")  # noqa: SIM115 (the process owns it)
-    env = {**c.env, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        "cluster.resource_wait_s=120",
+    )
 
 
 def _log(tmp: Path) -> str:
-    f = tmp / "train.log"
-    return f.read_text(errors="replace")[-5000:] if f.exists() else ""
+    return run_log(tmp)
 
 
 def _sql(tmp: Path, query: str) -> Any:
-    engine = create_engine(f"sqlite:///{tmp / 'dart-ray.sqlite'}")
-    try:
-        with engine.connect() as conn:
-            return conn.scalar(sa.text(query), {"r": RUN})
-    except sa.exc.OperationalError:
-        return None  # not created yet
-    finally:
-        engine.dispose()
+    return sql(tmp, query, r=RUN)
 
 
 def _alive_nodes(c: LocalCluster) -> list[Any]:
@@ -186,15 +158,8 @@ def test_env_nodes_come_when_the_run_asks_and_go_when_it_ends(
         # the env node, idle now, is removed (idle_timeout_minutes: 0.1 = 6 s)
         _wait("scale-down", lambda: len(_alive_nodes(cluster)) == 1, 90, tmp_path, every=1.0)
         t_down = time.monotonic()
-        audit = subprocess.run(
-            [str(BIN / "dart-ray"), "audit", RUN, f"run.root_dir={tmp_path}"],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-            env={**cluster.env, "PYTHONPATH": str(REPO)},
-            timeout=120,
-        )
-        assert audit.returncode == 0, audit.stdout + audit.stderr
+        audited = audit(cluster, tmp_path, RUN)
+        assert audited.returncode == 0, audited.stdout + audited.stderr
         summary = {
             "train_to_wait_s": round(marks["wait"] - t_start, 1),
             "train_to_env_node_alive_s": round(marks["up"] - t_start, 1),
@@ -205,7 +170,7 @@ def test_env_nodes_come_when_the_run_asks_and_go_when_it_ends(
             "sessions_gone_to_scale_down_s": round(t_down - t_gone, 1),
             "run_end_to_scale_down_s": round(t_down - t_end, 1),
             "trajectories": _sql(tmp_path, "SELECT COUNT(*) FROM rollout_run WHERE run_id = :r"),
-            "audit": audit.stdout.strip().splitlines()[:3],
+            "audit": audited.stdout.strip().splitlines()[:3],
         }
         print(json.dumps(summary, indent=1))
         if out := os.environ.get("DART_RAY_AUTOSCALING_SUMMARY"):

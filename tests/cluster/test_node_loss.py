@@ -28,7 +28,8 @@ import sqlalchemy as sa
 from ray.util.state import list_actors
 
 from dart_ray.store.db import create_engine
-from dart_ray.testing.raycluster import LocalCluster, free_port
+from dart_ray.testing.raycluster import LocalCluster
+from dart_ray.testing.runs import audit, run_log, start_tiny_run
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -59,37 +60,11 @@ def cluster() -> Iterator[LocalCluster]:
 
 
 def _train(c: LocalCluster, tmp: Path) -> subprocess.Popen[bytes]:
-    cmd = [
-        str(BIN / "dart-ray"),
-        "train",
-        "-c",
-        str(REPO / "configs" / "tiny-cpu.toml"),
-        f"run.root_dir={tmp}",
-        f"run.run_id={RUN}",
-        "run.eval_tasks=0",
-        "run.max_versions=6",
-        "run.max_minutes=6",
-        f"cluster.address={c.address}",
-        f"cluster.namespace={NS}",
-        f"env.num_sessions={SESSIONS}",
-        f"rollout.in_flight={SESSIONS}",
-        "rollout.max_steps=2",
-        "policy.max_new_tokens=24",
-        "curation.groups_per_step=1",
-        "curation.drop_no_signal=false",  # every group trains: the pipeline is under test
-        "train.save_every=1",
-        # as on a real cluster, where they need the GPUs env nodes lack: parts that only the
-        # head can hold (2 CPUs; an env node has 1)
-        "policy.num_cpus=2",
-        "train.cpus_per_worker=2",
-        f"policy.http_port={free_port()}",
-    ]
-    log = open(tmp / "train.log", "ab")  # noqa: SIM115 (the process owns it)
-    return subprocess.Popen(cmd, cwd=REPO, env=c.env, stdout=log, stderr=subprocess.STDOUT)
+    return start_tiny_run(c, tmp, RUN, NS, SESSIONS, "run.max_versions=6", "run.max_minutes=6")
 
 
 def _log(tmp: Path) -> str:
-    return (tmp / "train.log").read_text(errors="replace")[-5000:]
+    return run_log(tmp)
 
 
 def _versions(tmp: Path) -> list[int]:
@@ -226,14 +201,8 @@ def test_worker_node_killed_mid_run(
         assert max(versions) == 6 and max(versions) > before, versions
         assert versions == sorted(versions), versions
         assert _run_status(tmp_path) == "FINISHED"
-        audit = subprocess.run(
-            [str(BIN / "dart-ray"), "audit", RUN, f"run.root_dir={tmp_path}"],
-            capture_output=True,
-            text=True,
-            env=cluster.env,
-            timeout=120,
-        )
-        assert audit.returncode == 0, audit.stdout + audit.stderr
+        audited = audit(cluster, tmp_path, RUN)
+        assert audited.returncode == 0, audited.stdout + audited.stderr
         summary = {
             "lost_sessions": lost,
             "version_at_kill": before,
@@ -241,7 +210,7 @@ def test_worker_node_killed_mid_run(
             "kill_to_first_episode_s": round(t_episode - t_kill, 1),
             "run_s": round(time.monotonic() - t_start, 1),
             "versions": versions,
-            "audit": audit.stdout.strip().splitlines()[:3],
+            "audit": audited.stdout.strip().splitlines()[:3],
         }
         print(json.dumps(summary, indent=1))
         if out := os.environ.get("DART_RAY_NODE_LOSS_SUMMARY"):

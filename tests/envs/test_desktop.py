@@ -20,19 +20,17 @@ from dart_ray.envs.desktop.suite import TASKS, demo, load_desktop_tasks
 from dart_ray.envs.osworld.env import LocalDesktopEnv
 from dart_ray.records import Action, ActionKind, Task
 from tests.envs.desktop_demo import demo_actions
+from tests.envs.desktops import CFG, desktop
 
 pytestmark = [
     pytest.mark.desktop,
     pytest.mark.skipif(shutil.which("Xvfb") is None, reason="needs Xvfb (install-test-deps.sh)"),
 ]
-CFG = EnvConfig(kind="desktop", screen_width=800, screen_height=600)
 
 
 @pytest.fixture(scope="module")
 def desk() -> Iterator[LocalDesktopEnv]:
-    env = LocalDesktopEnv(CFG)
-    yield env
-    env.close()
+    yield from desktop()
 
 
 def _solve(env: LocalDesktopEnv, task: Task) -> float:

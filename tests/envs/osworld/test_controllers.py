@@ -42,6 +42,7 @@ from PIL import Image
 
 from dart_ray.envs.desktop.spawn import spawn_server
 from dart_ray.envs.osworld.chrome_history import CHROMIUMS, make_history_template
+from tests.envs.desktops import serving_pages, two_visits
 from tests.envs.osworld.venv import VENV, has_venv
 
 pytestmark = [
@@ -213,14 +214,8 @@ def osw(server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OSWor
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Base URL of a web server on this machine with pages a.html and b.html."""
-    root = tmp_path_factory.mktemp("pages")
-    for name in ("a", "b"):
-        (root / f"{name}.html").write_text(f"<title>{name}</title>page {name}")
-    handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(root))  # noqa: E731
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
+    with serving_pages(tmp_path_factory.mktemp("pages")) as url:
+        yield url
 
 
 @pytest.fixture
@@ -387,18 +382,7 @@ def test_chrome_tabs(osw: OSWorldClient, desk: Desk, pages: str) -> None:
 
 @needs_chromium
 def test_update_browse_history(osw: OSWorldClient, desk: Desk, tmp_path: Path) -> None:
-    history = [
-        {
-            "url": "http://example.test/1",
-            "title": "An hour ago",
-            "visit_time_from_now_in_seconds": 3600,
-        },
-        {
-            "url": "http://example.test/2",
-            "title": "A minute ago",
-            "visit_time_from_now_in_seconds": 60,
-        },
-    ]
+    history = two_visits()
     step = {"type": "update_browse_history", "parameters": {"history": history}}
     template = osw.cache / "history_new.sqlite"
     template.unlink(missing_ok=True)

@@ -10,13 +10,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from dart_ray.config import EnvConfig
 from dart_ray.config.env import DesktopOptions
 from dart_ray.envs.desktop.suite import demo, load_desktop_tasks
 from dart_ray.envs.osworld.env import LocalDesktopEnv
 from dart_ray.envs.osworld.official import OSWorldEvaluator
 from dart_ray.records import Task
 from tests.envs.desktop_demo import demo_actions
+from tests.envs.desktops import CFG, desktop
 from tests.envs.osworld.venv import VENV, has_venv
 
 pytestmark = [
@@ -25,14 +25,11 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("Xvfb") is None, reason="needs Xvfb (install-test-deps.sh)"),
     has_venv,
 ]
-CFG = EnvConfig(kind="desktop", screen_width=800, screen_height=600)
 
 
 @pytest.fixture(scope="module")
 def desk() -> Iterator[LocalDesktopEnv]:
-    env = LocalDesktopEnv(CFG)
-    yield env
-    env.close()
+    yield from desktop()
 
 
 @pytest.fixture(scope="module")

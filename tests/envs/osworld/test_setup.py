@@ -5,12 +5,10 @@ refused with a reason that names the task and the step."""
 
 from __future__ import annotations
 
-import http.server
 import os
 import shutil
 import socket
 import sqlite3
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -27,6 +25,7 @@ from dart_ray.envs.osworld.chrome_history import CHROMIUMS
 from dart_ray.envs.osworld.client import OSWorldClient
 from dart_ray.envs.osworld.env import LocalDesktopEnv, task_from_json
 from dart_ray.envs.osworld.setup import cache_name, run_step
+from tests.envs.desktops import serving_pages, two_visits
 
 CHROMIUM = next((c for c in CHROMIUMS if shutil.which(c)), None)
 needs_xvfb = pytest.mark.skipif(shutil.which("Xvfb") is None, reason="needs Xvfb")
@@ -112,14 +111,8 @@ def test_history_rows(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Base URL of a web server on this machine with pages a.html and b.html."""
-    root = tmp_path_factory.mktemp("pages")
-    for name in ("a", "b"):
-        (root / f"{name}.html").write_text(f"<title>{name}</title>page {name}")
-    handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(root))  # noqa: E731
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
+    with serving_pages(tmp_path_factory.mktemp("pages")) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -182,18 +175,7 @@ def _close(urls: list[str]) -> dict[str, Any]:
 @needs_xvfb
 @needs_chromium
 def test_update_browse_history_through_our_client(env: LocalDesktopEnv, tmp_path: Path) -> None:
-    history = [
-        {
-            "url": "http://example.test/1",
-            "title": "An hour ago",
-            "visit_time_from_now_in_seconds": 3600,
-        },
-        {
-            "url": "http://example.test/2",
-            "title": "A minute ago",
-            "visit_time_from_now_in_seconds": 60,
-        },
-    ]
+    history = two_visits()
     step = {"type": "update_browse_history", "parameters": {"history": history}}
     env.reset(task("hist", [step]))
     assert env.options.osworld_cache_dir is not None
