@@ -277,10 +277,16 @@ class Curator:
             await asyncio.to_thread(self.core.set_version, version)
 
     async def pace(self) -> Pace:
-        """The trainer's pace and the rows waiting (admission, `dart_ray.rollout.admission`):
-        read from what the last poll left, without database I/O."""
+        """The trainer's pace and the rows waiting (admission, `dart_ray.rollout.admission`),
+        as they are now: the log's unclaimed rows counted at the call (one indexed count),
+        between polls (a poll mid-way holds rows the log calls claimed and the core does not
+        yet). The count a poll leaves is up to 2 s old: a rollouter finishing a group every
+        0.3 s against a step every 2 s read a short queue and opened groups that waited two
+        versions in it (16% of the default run's rollouts dropped stale)."""
         await self._ensure_poller()
-        return self.core.pace(self._available)
+        async with self._lock:
+            available = await asyncio.to_thread(self.core.log.available, self._run_id)
+            return self.core.pace(available)
 
     async def metrics(self) -> dict[str, object]:
         """The core's counters, read between polls: a poll updates them when it ends, so a

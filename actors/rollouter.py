@@ -171,6 +171,9 @@ class Rollouter:
         self._curator = curator
         self._pace: Pace | None = None
         self._pace_read_at = 0.0
+        self._rows_logged = 0
+        self._logged_at_pace = 0
+        """Rows logged when the pace in hand was asked for (those since are not in it)."""
         self._group_durations: deque[float] = deque(maxlen=32)
         """The last groups' durations, first slot planned to last member logged (admission
         waits for a group's slowest episode)."""
@@ -301,6 +304,7 @@ class Rollouter:
             self._pace,
             running=len(running),
             group=c.rollout.n_rollouts,
+            logged=self._rows_logged - self._logged_at_pace,
             rollouters=c.rollout.rollouters,
             max_staleness=c.curation.max_staleness,
             slack=c.rollout.admission_slack,
@@ -313,9 +317,11 @@ class Rollouter:
         if time.monotonic() - self._pace_read_at < 1.0:
             return
         self._pace_read_at = time.monotonic()
+        asked_at = self._rows_logged
         try:
             curator = ray.get_actor(self._curator, namespace=self.c.cluster.namespace)
             self._pace = await curator.pace.remote()
+            self._logged_at_pace = asked_at
         except (ValueError, ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
             self._pace = None
 
@@ -409,6 +415,7 @@ class Rollouter:
             self.store.log.append(t, uri)
 
         await asyncio.to_thread(write)
+        self._rows_logged += 1
         self.report.logged[t.status.value] += 1
         self._metrics.total.inc(tags={"status": t.status.value})
         if t.status.trainable:

@@ -27,7 +27,10 @@ published while it runs,
 percentile the rollouter measured, so no slack again; `training_left` what remains of the
 version being trained). A group opens while both are within the bound.
 
-The counts are the curator's (`CuratorCore.pace`), the group duration the rollouter's.
+The counts are the curator's (`CuratorCore.pace`, the log's unclaimed rows counted at the
+call), the group duration the rollouter's. A rollouter reads the pace once a second and
+finishes groups faster than that (a one-click group in 0.3 s against a step every 2 s): the
+rows it logged since the read are not in the pace yet and count with the running ones.
 Admission is decided per group (a GRPO group trains only whole), and a rollouter with nothing
 running always opens one group, so a run can never stall on its own gate. Dropping stale rows
 stays the guarantee; admission only avoids producing them.
@@ -79,19 +82,22 @@ def may_open_group(
     *,
     running: int,
     group: int,
+    logged: int = 0,
     rollouters: int,
     max_staleness: int,
     slack: float,
     group_s: float,
 ) -> bool:
-    """Whether a rollouter with `running` rows running or planned may open a group of `group`
-    more: each of the `rollouters` is taken to run as much as this one (so a rollouter keeps to
-    its share), and the group must still train within the bound; a rollouter with nothing of its own running always may (so
+    """Whether a rollouter with `running` rows running or planned, and `logged` rows logged
+    since `pace` was read, may open a group of `group` more: each of the `rollouters` is
+    taken to run as much as this one (so a rollouter keeps to its share), and the group must
+    still train within the bound; a rollouter with nothing of its own running always may (so
     the run moves). Without a pace yet (the curator not reachable), it may."""
     if pace is None or running == 0:
         return True
     n = max(1, rollouters)
-    ahead, own = expected_lag(pace, running=running * n, group=group * n, group_s=group_s)
+    mine = (running + logged) * n
+    ahead, own = expected_lag(pace, running=mine, group=group * n, group_s=group_s)
     return ahead <= max_staleness - slack and own <= max_staleness
 
 

@@ -188,6 +188,12 @@ class LogStats:
             for g, n, r, s in self._fetch(q, "recent_group_rows")
         ]
 
+    def available(self, run_id: str) -> int:
+        """Rows of one run waiting unclaimed in the log (one indexed count)."""
+        rr = rollout_run.c
+        q = sa.select(sa.func.count()).where(rr.run_id == run_id, rr.state == RowState.AVAILABLE)
+        return int(self._fetch(q, "available")[0][0])
+
     def buffer(self, run_id: str) -> dict[tuple[int, int], int]:
         """Row counts by (version_num, state) for one run."""
         rr = rollout_run.c

@@ -193,3 +193,17 @@ def test_a_restarted_curator_judges_staleness_against_the_published_version(
     assert ray.get(cur.metrics.remote())["dropped"] == {"stale": 4}
     ray.kill(cur)
     store.dispose()
+
+
+def test_the_pace_counts_rows_logged_since_the_last_poll(tmp_path: Path) -> None:
+    """Admission reads the queue from `pace()`; rows logged after a poll are waiting all the
+    same. Before, it read the count the last poll left (refreshed every 2 s at best), and a
+    rollouter finishing groups faster than that saw a short queue and overfilled it."""
+    cfg, store = setup(tmp_path, "curation.groups_per_step=1")
+    cur = Curator.remote(cfg, "run-a", 1, 30.0)  # type: ignore[attr-defined]
+    assert ray.get(cur.pace.remote()).waiting_rows == 0  # starts the poller: one poll, then 30 s
+    ray.get(cur.metrics.remote())  # that poll is over (it holds the lock metrics waits for)
+    write_group(store.log, store.blobs, "a", 0, [1.0, 0.0, 0.0, 0.0])
+    assert ray.get(cur.pace.remote()).waiting_rows == 4
+    ray.kill(cur)
+    store.dispose()

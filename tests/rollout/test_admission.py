@@ -63,3 +63,15 @@ def test_the_run_never_stalls_on_its_own_gate() -> None:
     assert not may_open_group(full, running=8, **kw)  # type: ignore[arg-type]
     assert may_open_group(full, running=0, **kw)  # type: ignore[arg-type]
     assert may_open_group(None, running=64, **kw)  # type: ignore[arg-type]
+
+
+def test_rows_logged_since_the_pace_was_read_count_as_waiting() -> None:
+    """The default run's stale rows: a rollouter reads the pace once a second and finished a
+    group every 0.3 s; the groups it logged since the read were in neither `running` nor the
+    pace, so it saw a short queue and opened groups that went out at lag 3. 32 rows a
+    version, one step curated: 1 + (8 + 8) / 32 = 1.5 fits; 16 rows logged since the read
+    make it 2.0 > 1.5."""
+    pace = Pace(9, 32.0, 0.5, waiting_rows=0, curated_rows=32, handed_per_version=32.0)
+    kw = dict(group=8, rollouters=1, group_s=0.3, **KW)
+    assert may_open_group(pace, running=8, **kw)  # type: ignore[arg-type]
+    assert not may_open_group(pace, running=8, logged=16, **kw)  # type: ignore[arg-type]
