@@ -259,7 +259,7 @@ class Curator:
         deadline = loop.time() + timeout_s
         while True:
             async with self._lock:
-                await asyncio.to_thread(self.core.poll)
+                await asyncio.to_thread(self.core.poll, whole_round=True)
                 buffer = await asyncio.to_thread(self.core.log.buffer, self._run_id)
                 waiting = sum(n for (_, st), n in buffer.items() if st == RowState.AVAILABLE)
                 if waiting == 0:

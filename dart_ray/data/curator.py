@@ -107,12 +107,17 @@ class CuratorCore(StalenessGuard):
         self.lineage = self._lineage()
         self.version = max(self.version, self.lineage.newest)
 
-    def poll(self, now: float | None = None) -> int:
-        """One round of claiming and curating; returns how many rows were claimed."""
+    def poll(self, now: float | None = None, *, whole_round: bool = False) -> int:
+        """One round of claiming and curating; returns how many rows were claimed.
+
+        `whole_round`: the synchronous baseline's end of a round (`flush` follows), where every
+        row the round logged goes into its one step: claimed whatever `max_held_rows` and the
+        queue say (the round itself bounds them; bounded, a round that logged more rows than
+        the bound could never be flushed)."""
         now = time.monotonic() if now is None else now
         claimed = 0
-        if len(self.queue) < self.s.queue_depth:
-            claimed = self._claim(now)
+        if whole_round or len(self.queue) < self.s.queue_depth:
+            claimed = self._claim(now, whole_round)
         for rows in self.groups.pop_abandoned(now):
             self._settle_drops([r.id for r in rows], "group_incomplete")
         self._drop_stale_held()
@@ -123,13 +128,15 @@ class CuratorCore(StalenessGuard):
         self._update_gauges()
         return claimed
 
-    def _claim(self, now: float) -> int:
+    def _claim(self, now: float, whole_round: bool = False) -> int:
         min_version = self._log_floor()
         stale = self.log.drop_stale(self.s.run_id, min_version)
         if stale:
             self.metrics.dropped["stale"] += stale
             self.metrics.stale_at["log"] += stale
-        room = min(self.s.claim_batch, self.s.max_held_rows - len(self._claims))
+        room = self.s.claim_batch
+        if not whole_round:
+            room = min(room, self.s.max_held_rows - len(self._claims))
         if room < 1:  # what it holds (filling groups, curated groups, queued steps) is enough
             return 0
         claim = self.log.claim(

@@ -291,6 +291,10 @@ def _start_parts(
     parts.curator = Curator.options(name=parts.names("curator"), namespace=ns, **here).remote(
         config, run_id, config.train.num_workers, poll_interval(config)
     )
+    # curating from the start, not from the trainer's first request: a synchronous dynamic
+    # round samples until the curator reports a step's groups, and a trainer still loading
+    # would leave every session sampling past it
+    ray.get(parts.curator.start.remote(), timeout=60)
     parts.control = RunControl.options(name=parts.names("control"), namespace=ns, **here).remote(
         parts.run_id
     )

@@ -13,6 +13,7 @@ from typing import Any
 import ray
 import torch
 from ray import serve
+from ray.serve.exceptions import DeploymentUnavailableError
 
 from dart_ray.models import lora
 from dart_ray.models.weights import pack, warm_object_store
@@ -96,16 +97,19 @@ class Publisher:
         """The replicas' answer to a weight update, within `train.publish_timeout_s`; an
         application that is gone fails it at once (its replicas will never answer)."""
         app = self.job.policy_app
+        gone = PublishError(
+            f"v{version}: the policy application {app!r} is gone (deleted, or Serve shut "
+            "down): no replica can load the weights"
+        )
         deadline = time.monotonic() + self.job.config.train.publish_timeout_s
         while True:
             try:
                 return response.result(timeout_s=min(poll_s, max(deadline - time.monotonic(), 0)))
+            except DeploymentUnavailableError:  # Ray >= 2.60's router knows it at once
+                raise gone from None
             except TimeoutError:
                 if not policy_app_alive(app):
-                    raise PublishError(
-                        f"v{version}: the policy application {app!r} is gone (deleted, or "
-                        "Serve shut down): no replica can load the weights"
-                    ) from None
+                    raise gone from None
                 if time.monotonic() >= deadline:
                     raise PublishError(
                         f"v{version}: the replicas did not load the weights within "

@@ -207,3 +207,22 @@ def test_the_pace_counts_rows_logged_since_the_last_poll(tmp_path: Path) -> None
     assert ray.get(cur.pace.remote()).waiting_rows == 4
     ray.kill(cur)
     store.dispose()
+
+
+def test_settle_claims_a_round_larger_than_the_held_row_bound(tmp_path: Path) -> None:
+    """The synchronous baseline's `settle` trains every row its round logged. The claim was
+    bounded by `curation.max_held_rows` (the decoupled run's memory bound): a dynamic round
+    that logged more rows than the bound (its sessions sample until a step's groups have
+    signal, then the episodes in flight finish) could never be flushed, and `make test`'s
+    sync-dynamic run waited in `settle` until pytest's timeout."""
+    cfg, store = setup(
+        tmp_path, "run.mode=sync", "curation.groups_per_step=1", "curation.max_held_rows=4"
+    )
+    for task in "abc":
+        write_group(store.log, store.blobs, task, 0, [1.0, 0.0, 0.0, 0.0])
+    cur = Curator.remote(cfg, "run-a", 1, 0.05)  # type: ignore[attr-defined]
+    assert ray.get(cur.settle.remote(timeout_s=10)) == 1
+    shard, info = ray.get(cur.get_shard.remote(1, 0, 0, timeout_s=60))
+    assert info.num_groups == 3 and info.num_rows == 12 and shard.num_rows == info.num_samples
+    ray.kill(cur)
+    store.dispose()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -163,17 +164,17 @@ def test_ray_job_stop_stops_the_run_cleanly_and_leaves_other_apps_alone(
     while time.monotonic() < deadline:  # mid-run: the first trajectory is in the log
         if (tmp_path / "dart-ray.sqlite").is_file() and _trajectories(tmp_path, run_id):
             break
-        status = _job(head, "status", f"--address={head.dashboard}", "stop-me")
-        assert "RUNNING" in status or "PENDING" in status, status
+        status = _job_state(head, "stop-me")
+        assert status in ("RUNNING", "PENDING"), status
         time.sleep(3)
     _job(head, "stop", f"--address={head.dashboard}", "stop-me")
     while time.monotonic() < deadline + 300:
-        status = _job(head, "status", f"--address={head.dashboard}", "stop-me")
-        if any(s in status for s in ("STOPPED", "SUCCEEDED", "FAILED")):
+        status = _job_state(head, "stop-me")
+        if status in ("STOPPED", "SUCCEEDED", "FAILED"):
             break
         time.sleep(2)
     logs = _job(head, "logs", f"--address={head.dashboard}", "stop-me")
-    assert "STOPPED" in status, status + logs[-3000:]
+    assert status == "STOPPED", status + logs[-3000:]
     fitted = "the cluster offers 1 units of 'env', so the run starts 1 of env.num_sessions = 2"
     assert fitted in logs
     assert "SIGTERM: stopping the run" in logs
@@ -183,6 +184,19 @@ def test_ray_job_stop_stops_the_run_cleanly_and_leaves_other_apps_alone(
     assert f"outputs in {run_dir}: report.json, curve.png, system.png, tb/" in logs
     assert _left_on_cluster(head, run_id) == {"apps": [], "actors": []}
     assert _left_on_cluster(head, "other-app")["apps"] == ["other-app"]
+
+
+def _job_state(head: LocalCluster, submission_id: str) -> str:
+    """The job's state from `ray job status`, which words it by state ("Status for job 'x':
+    RUNNING", "Job 'x' was stopped" in Ray 2.60): a test that looked for "STOPPED" waited
+    out its deadline (13 min) on a job that had stopped cleanly."""
+    out = _job(head, "status", f"--address={head.dashboard}", submission_id)
+    states = ("PENDING", "RUNNING", "STOPPED", "SUCCEEDED", "FAILED")
+    key = f"job '{submission_id}'"  # "Status for job 'x': RUNNING", "Job 'x' failed"
+    line = next((ln for ln in out.splitlines() if key in ln.lower()), "")
+    found = [s for s in states if re.search(rf"\b{s}\b", line, re.IGNORECASE)]
+    assert len(found) == 1, f"no job state in `ray job status`: {out}"
+    return found[0]
 
 
 def _trajectories(root: Path, run_id: str) -> int:
