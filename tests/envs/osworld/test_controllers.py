@@ -74,15 +74,17 @@ class OSWorldClient:
             "OSW_CHROMIUM_PORT": str(chromium_port),
         }
         self.proc = subprocess.Popen(
-            [str(VENV / "bin" / "python"), str(Path(__file__).with_name("osworld_rpc.py"))],
+            [str(VENV / "bin" / "python"), str(Path(__file__).with_name("rpc.py"))],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=(cache / "rpc.stderr").open("w"),
             text=True,
             env=env,
             cwd=cache,
         )
-        assert self._read() == {"ready": True}
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        stderr = (cache / "rpc.stderr").read_text()[-3000:]
+        assert line and json.loads(line) == {"ready": True}, f"rpc.py did not start: {stderr}"
 
     def _read(self) -> Any:
         assert self.proc.stdout is not None
