@@ -15,7 +15,8 @@ STAMP := $(VENV)/.installed-stamp
 TORCH_SPEC ?= torch==2.13.0
 # `learning` (docs/LEARNING.md: the default run's +10 points and the four rungs of the ladder;
 # about two hours) does not fit CI's time with the rest: `make test-learning` runs it.
-# `schedule` (the seeded 50-fault schedule, about 20 minutes) neither: `make test-fault-schedule`.
+# `schedule` (the fault tour, the session and node kills, the seeded 50-fault schedule; about
+# 30 minutes) neither: `make test-fault-schedule`.
 # `bench` (the benchmark scripts at their test size: timing mode, load, publish; about 6
 # minutes) neither, since CI's run reached 44 minutes with them: `make test-bench`.
 # Empty: scripts/test-tiers.sh runs the tiers (parallel, ray, cluster, vLLM) and times each; set it
@@ -61,14 +62,15 @@ test: $(STAMP) lint
 	VENV=$(VENV) TEST_VLLM=$(TEST_VLLM) bash scripts/test-tiers.sh $(PYTEST_ARGS)
 
 test-learning: $(STAMP)
-	$(VENV)/bin/pytest -m learning -s tests/test_learning.py
+	$(VENV)/bin/pytest -m learning -s tests/test_experiment.py tests/test_learning.py
 
 gpu-check: $(STAMP)
 	bash scripts/gpu-check.sh
 
 test-fault-schedule: $(STAMP)
 	bash scripts/install-test-deps.sh
-	$(VENV)/bin/pytest -m schedule -s tests/test_faults.py tests/test_fault_schedule.py
+	$(VENV)/bin/pytest -m schedule -s tests/test_faults.py tests/test_fault_schedule.py \
+		tests/cluster/test_node_loss.py
 
 vllm-venv:
 	bash scripts/setup-vllm-venv.sh $(VLLM_VENV)

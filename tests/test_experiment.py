@@ -96,7 +96,9 @@ def test_summarise_fills_the_contract_from_the_scores() -> None:
     json.dumps(result)  # the contract is JSON
 
 
+# with the learning runs it drives (`make test-learning`): 2 minutes that CI's 40 do not hold
 @pytest.mark.slow
+@pytest.mark.learning
 @pytest.mark.timeout(1200)
 def test_a_small_experiment_runs_every_kind_of_arm_and_writes_the_contract(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

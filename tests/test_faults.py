@@ -278,6 +278,8 @@ def _task_file(world: World, kind: str) -> Path:
     return path
 
 
+# with the fault tour (`make test-fault-schedule`): 2.5 minutes that CI's 40 do not hold
+@pytest.mark.schedule
 @pytest.mark.parametrize(
     ("kind", "needs"),
     [

@@ -140,6 +140,8 @@ def _finished_episodes(name: str) -> int:
         return 0
 
 
+# with the fault tour (`make test-fault-schedule`): 2 minutes that CI's 40 do not hold
+@pytest.mark.schedule
 def test_worker_node_killed_mid_run(
     cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
