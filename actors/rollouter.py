@@ -214,6 +214,7 @@ class Rollouter:
 
     async def stats(self) -> RolloutReport:
         self.report.backoff_skips = self.scheduler.visits_skipped
+        self._publish_occupancy()  # wall_s as of now, also while admission holds every session
         return self.report
 
     async def _adopt_pool_sessions(self) -> None:
@@ -276,9 +277,9 @@ class Rollouter:
                     self._remaining.setdefault(slot.group_id, slot.group_size)
                     self._opened.setdefault(slot.group_id, time.monotonic())
                     running.add(asyncio.create_task(self._slot(slot)))
-                if not running:
-                    break
                 held = admit and len(running) < room and not self._stop
+                if not running and not held:
+                    break
                 if held and held_since is None:
                     held_since = time.monotonic()
                     self.report.groups_held += 1
@@ -286,6 +287,9 @@ class Rollouter:
                     self.report.held_s += time.monotonic() - held_since
                     held_since = None
                 # while admission holds a group back, look at the pace again every second
+                if not running:  # held with nothing running: the queue drains meanwhile
+                    await asyncio.sleep(1.0)
+                    continue
                 done, running = await asyncio.wait(
                     running, timeout=1.0 if held else None, return_when=asyncio.FIRST_COMPLETED
                 )

@@ -32,7 +32,9 @@ call), the group duration the rollouter's. A rollouter reads the pace once a sec
 finishes groups faster than that (a one-click group in 0.3 s against a step every 2 s): the
 rows it logged since the read are not in the pace yet and count with the running ones.
 Admission is decided per group (a GRPO group trains only whole), and a rollouter with nothing
-running always opens one group, so a run can never stall on its own gate. Dropping stale rows
+running opens one group whenever the queue holds less than a version's rows, so a run can
+never stall on its own gate (and a rollouter held with nothing running waits, reading the
+pace, rather than ending its run). Dropping stale rows
 stays the guarantee; admission only avoids producing them.
 """
 
@@ -91,9 +93,18 @@ def may_open_group(
     """Whether a rollouter with `running` rows running or planned, and `logged` rows logged
     since `pace` was read, may open a group of `group` more: each of the `rollouters` is
     taken to run as much as this one (so a rollouter keeps to its share), and the group must
-    still train within the bound; a rollouter with nothing of its own running always may (so
-    the run moves). Without a pace yet (the curator not reachable), it may."""
-    if pace is None or running == 0:
+    still train within the bound. The run never stalls on the gate: a rollouter with nothing
+    running may open a group whenever the queue holds less than a version's rows (the trainer
+    would wait for data); with more, nothing it opens could train sooner than what waits, and
+    the queue drains as the trainer publishes. Without a pace yet (the curator not
+    reachable), it may.
+
+    Before, nothing running always opened a group: where one group fills every session (the
+    default run: 8 sessions, groups of 8) the gate never held at all, and 11% of the default
+    run's rollouts went stale in a full queue."""
+    if pace is None:
+        return True
+    if running == 0 and pace.versions_ahead(logged) < 1.0:
         return True
     n = max(1, rollouters)
     mine = (running + logged) * n

@@ -55,14 +55,32 @@ def test_the_slow_groups_are_the_90th_percentile_of_the_last() -> None:
 
 
 def test_the_run_never_stalls_on_its_own_gate() -> None:
-    """A queue longer than the bound allows (a trainer stalled) holds new groups back, but a
-    rollouter with nothing running opens one, and without a pace (the curator restarting)
-    groups open."""
+    """A queue longer than the bound allows (a trainer stalled) holds new groups back, even
+    from a rollouter with nothing running (the queue drains as the trainer publishes); with
+    less than a version's rows waiting (the trainer would wait for data) a rollouter with
+    nothing running opens one, however long its groups take; without a pace (the curator
+    restarting) groups open."""
     full = Pace(version=3, rows_per_version=32.0, versions_per_s=0.0, waiting_rows=500)
+    short = Pace(version=3, rows_per_version=32.0, versions_per_s=0.1, waiting_rows=24)
     kw = dict(group=8, rollouters=1, group_s=60.0, **KW)
     assert not may_open_group(full, running=8, **kw)  # type: ignore[arg-type]
-    assert may_open_group(full, running=0, **kw)  # type: ignore[arg-type]
+    assert not may_open_group(full, running=0, **kw)  # type: ignore[arg-type]
+    assert not may_open_group(short, running=8, **kw)  # 60 s x 0.1 + 1 = 7 versions  # type: ignore[arg-type]
+    assert may_open_group(short, running=0, **kw)  # type: ignore[arg-type]
     assert may_open_group(None, running=64, **kw)  # type: ignore[arg-type]
+
+
+def test_a_group_that_fills_every_session_waits_for_a_full_queue() -> None:
+    """The default run (8 sessions, groups of 8, a step of 4 groups: 32 rows a version):
+    each group finishes with nothing else running, and nothing running always opened the
+    next one, so the gate never held and 11% of the rollouts went stale behind two packed
+    steps. Two packed steps (2 versions) and a step in training: a group opened now goes out
+    at lag 3; one packed step less, it opens."""
+    full = Pace(9, 32.0, 0.4, waiting_rows=0, curated_rows=64, handed_per_version=32.0)
+    room = Pace(9, 32.0, 0.4, waiting_rows=0, curated_rows=32, handed_per_version=32.0)
+    kw = dict(group=8, rollouters=1, group_s=0.3, **KW)
+    assert not may_open_group(full, running=0, **kw)  # type: ignore[arg-type]
+    assert may_open_group(room, running=0, **kw)  # type: ignore[arg-type]
 
 
 def test_rows_logged_since_the_pace_was_read_count_as_waiting() -> None:
