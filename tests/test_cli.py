@@ -17,6 +17,8 @@ from dart_ray.store.runs import register_run
 from tests.conftest import mysql_database_url
 from tests.factories import make_trajectory
 
+REPO = Path(__file__).resolve().parents[1]
+
 
 def _populate(overrides: list[str]) -> None:
     cfg = load_config(None, overrides)
@@ -326,6 +328,30 @@ def test_eval_says_greedy_or_sampled_and_pass_at_k(
     assert "pass@2" in out
     summary = json.loads(sampled.read_text())
     assert summary["sampling"] == "sampled (temperature 1, top-p 0.8)" and summary["episodes"] == 6
+
+
+def test_eval_lists_a_task_its_env_refused_apart_from_the_rate(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A task whose set-up the env refused (ENV_ERROR) counted as a failure: 0 in the rate."""
+    import json
+
+    lines = (REPO / "fixtures" / "click-target" / "heldout.jsonl").read_text().splitlines()[:3]
+    bad = json.loads(lines[1])
+    bad["config"]["widgets"][0]["kind"] = "slider"
+    suite = tmp_path / "suite.jsonl"
+    suite.write_text("\n".join([lines[0], json.dumps(bad), lines[2]]) + "\n")
+    out_json = tmp_path / "eval.json"
+    args = ["eval", "--checkpoint", str(tiny_model_dir), "--suite", str(suite)]
+    cfg = ["rollout.max_steps=1", "policy.max_new_tokens=8", f"run.root_dir={tmp_path}"]
+    assert main([*args, "--json", str(out_json), *cfg]) == 0
+    out = capsys.readouterr().out
+    assert "over 2 tasks; not scored, left out of the rate: 1 ENV_ERROR" in out
+    assert f"not scored: {bad['task_id']}: ENV_ERROR:" in out and "'slider'" in out
+    summary = json.loads(out_json.read_text())
+    assert summary["tasks"] == 2 and summary["not_scored"] == {"ENV_ERROR": 1}
+    assert summary["excluded"][0]["task"] == bad["task_id"]
+    assert summary["by_family"]["click-target"]["tasks"] == 2
 
 
 def test_progress_lines_reach_a_log_file_while_the_run_runs(tmp_path: Path) -> None:

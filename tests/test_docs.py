@@ -197,6 +197,13 @@ def _serve_parses(cmd: str) -> None:
     )
 
 
+def _eval_parses(cmd: str) -> None:
+    """`dart-ray eval` of a run's checkpoint (which a fresh machine has not): the parser
+    accepts it; tests/test_cli.py runs eval on the tiny model."""
+    build_parser().parse_args(shlex.split(cmd.replace("<", "").replace(">", ""))[1:])
+    _tested("tests/test_cli.py::test_eval_lists_a_task_its_env_refused_apart_from_the_rate")
+
+
 @dataclass(frozen=True)
 class How:
     kind: str  # "run" | "flags" | "check"
@@ -231,6 +238,7 @@ HOW: dict[str, How] = {
         "check", _covered("tests/test_readme_run.py::test_make_run_from_a_clean_clone")
     ),
     r"make test": How("check", _ci_runs_it),
+    r"dart-ray eval --checkpoint runs/\S+( --suite \w+)?": How("check", _eval_parses),
     r"dart-ray (sft|eval|train) -c configs/(learning|multi-step|miniwob)\.toml( .*)?": How(
         "check", _cli_parses
     ),

@@ -8,6 +8,7 @@ in seconds. `dart_ray.evaluation.suite` does the scheduling and scoring.
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 from dart_ray.config import Config
@@ -18,22 +19,48 @@ from dart_ray.evaluation.suite import EvalResult, evaluate
 from dart_ray.records import Observation, Task
 from dart_ray.rollout.episode import EpisodeSettings
 
+log = logging.getLogger(__name__)
+
 
 class LocalSession:
-    """An environment in this process, with EnvSession's contract: failures -> EnvAborted."""
+    """An environment in this process, with EnvSession's contract: failures -> EnvAborted,
+    and the environment that failed is closed and built afresh at the next reset (as
+    EnvSession does), so a crashed browser or desktop costs its episode, not the rest of
+    the evaluation."""
 
     def __init__(self, config: Config) -> None:
+        self.config = config
         self.env = make_env(config.env)
+        self.builds = 1
+        """Environments built, the first included."""
+        self._broken = False
 
     async def _call(self, what: str, fn, *args):  # type: ignore[no-untyped-def]
+        if self._broken:
+            raise EnvAborted(f"{what}: the episode was lost with its environment; reset first")
         try:
             return await asyncio.to_thread(fn, *args)
         except EnvInputError:
             raise
         except Exception as e:
+            await self._discard()
             raise EnvAborted(f"{what} failed: {type(e).__name__}: {e}") from e
 
+    async def _discard(self) -> None:
+        self._broken = True
+        try:
+            await asyncio.to_thread(self.env.close)
+        except Exception as e:  # a broken env may fail to close; it is dropped anyway
+            log.warning("closing a failed environment: %s: %s", type(e).__name__, e)
+
     async def reset(self, task: Task) -> Observation:
+        if self._broken:
+            try:
+                self.env = await asyncio.to_thread(make_env, self.config.env)
+            except Exception as e:
+                raise EnvAborted(f"environment failed to start: {type(e).__name__}: {e}") from e
+            self.builds += 1
+            self._broken = False
         return await self._call("reset", self.env.reset, task)  # type: ignore[no-any-return]
 
     async def step(self, action: object) -> StepResult:
@@ -43,7 +70,8 @@ class LocalSession:
         return await self._call("evaluate", self.env.evaluate)  # type: ignore[no-any-return]
 
     async def close(self) -> None:
-        await asyncio.to_thread(self.env.close)
+        if not self._broken:
+            await asyncio.to_thread(self.env.close)
 
 
 class LocalPolicy:

@@ -2,6 +2,11 @@
 
 The same episode code as training plays each task (so the 7B model and the tiny one are
 measured the same way); sampling is greedy unless `samples > 1`, which gives pass@k.
+
+Only an episode the environment scored (OK, TRUNCATED) enters a success rate. An episode that
+ended on the environment or the policy server (ENV_ERROR: the task's set-up or evaluator
+refused it; POLICY_ERROR: no answer; ABORTED once its retries ran out) says nothing about the
+model: it is counted apart, with its reason, and never read as a 0.
 """
 
 from __future__ import annotations
@@ -15,18 +20,54 @@ from dart_ray.records import Status, Task
 from dart_ray.rollout.episode import EpisodeSettings, Policy, RaySession, Slot, run_episode
 
 
+@dataclass(frozen=True, slots=True)
+class Unscored:
+    """An episode left out of the success rate, and why."""
+
+    task_id: str
+    status: Status
+    """ENV_ERROR, POLICY_ERROR, or ABORTED (every retry aborted)."""
+    error: str
+
+
 @dataclass
 class EvalResult:
     per_task: dict[str, list[float]] = field(default_factory=dict)
-    """Rewards of every episode of each task."""
+    """Rewards of every scored episode (OK or TRUNCATED) of each task."""
     aborted: int = 0
-    """Episodes the environment aborted (retried; not scored)."""
-    unscored: list[str] = field(default_factory=list)
-    """Tasks whose every attempt aborted: left out of the success rate, named here."""
+    """Attempts the environment aborted (each retried on a fresh environment)."""
+    excluded: list[Unscored] = field(default_factory=list)
+    """Episodes that ended without a score: out of every rate, counted here by status."""
+    families: dict[str, str] = field(default_factory=dict)
+    """Task id -> family (`task.config["family"]`: OSWorld's domain), where the task names one."""
     success_threshold: float = 1.0
     sampling: str = "greedy"
     """How the episodes were decoded: `greedy`, or `sampled (temperature T, top-p P, top-k K)`
     (pass@k evaluations): a sampled rate is not a greedy one and is never shown as one."""
+
+    @property
+    def unscored(self) -> list[str]:
+        """Tasks with no scored episode: left out of the success rate, named here."""
+        return sorted({u.task_id for u in self.excluded} - self.per_task.keys())
+
+    def excluded_by_status(self) -> dict[str, int]:
+        """Episodes left out of the rate, per status (`{"ENV_ERROR": 2}`)."""
+        counts: dict[str, int] = {}
+        for u in self.excluded:
+            counts[u.status.value] = counts.get(u.status.value, 0) + 1
+        return counts
+
+    def by_family(self) -> dict[str, tuple[int, int]]:
+        """Family -> (tasks solved on the first episode, tasks scored), for tasks that name a
+        family: OSWorld's per-domain success."""
+        out: dict[str, tuple[int, int]] = {}
+        for task_id, rewards in self.per_task.items():
+            family = self.families.get(task_id)
+            if family is None:
+                continue
+            solved, scored = out.get(family, (0, 0))
+            out[family] = (solved + int(rewards[0] >= self.success_threshold), scored + 1)
+        return dict(sorted(out.items()))
 
     @property
     def greedy(self) -> bool:
@@ -42,12 +83,17 @@ class EvalResult:
         episode with pass@k."""
         n = len(self.per_task)
         if self.greedy:
-            return f"greedy success {self.success(1):.1%} over {n} tasks"
-        k = max((len(v) for v in self.per_task.values()), default=1)
-        return (
-            f"{self.sampling}, {k} episodes per task: success per episode "
-            f"{self.success_per_episode():.1%}, pass@{k} {self.success(k):.1%} over {n} tasks"
-        )
+            line = f"greedy success {self.success(1):.1%} over {n} tasks"
+        else:
+            k = max((len(v) for v in self.per_task.values()), default=1)
+            line = (
+                f"{self.sampling}, {k} episodes per task: success per episode "
+                f"{self.success_per_episode():.1%}, pass@{k} {self.success(k):.1%} over {n} tasks"
+            )
+        if self.excluded:
+            apart = ", ".join(f"{v} {k}" for k, v in self.excluded_by_status().items())
+            line += f"; not scored, left out of the rate: {apart}"
+        return line
 
     def success(self, k: int = 1) -> float:
         """Fraction of tasks solved within their first k episodes (pass@k; k=1: success rate)."""
@@ -84,6 +130,7 @@ async def evaluate(
         how = f"sampled (temperature {base.temperature:g}, top-p {base.top_p:g}"
         how += f", top-k {base.top_k})" if base.top_k else ")"
     result = EvalResult(success_threshold=success_threshold, sampling=how)
+    result.families = {t.task_id: str(t.config["family"]) for t in tasks if "family" in t.config}
     idle: asyncio.Queue[object] = asyncio.Queue()
     for s in sessions:
         idle.put_nowait(s)
@@ -97,11 +144,13 @@ async def evaluate(
                 t = await run_episode(env, policy, task, slot, settings)  # type: ignore[arg-type]
             finally:
                 idle.put_nowait(session)
-            if t.status is not Status.ABORTED:
+            if t.status.trainable:
                 result.per_task.setdefault(task.task_id, []).append(t.reward)
                 return
+            if t.status is not Status.ABORTED:  # ENV_ERROR, POLICY_ERROR: no retry
+                break
             result.aborted += 1
-        result.unscored.append(task.task_id)
+        result.excluded.append(Unscored(task.task_id, t.status, t.error or ""))
 
     await asyncio.gather(*(one(t, k) for t in tasks for k in range(samples)))
     return result

@@ -228,6 +228,13 @@ def add_sft_eval(sub: argparse._SubParsersAction, add_config_args, load) -> None
             wins = sum(r >= res.success_threshold for r in rewards)
             t.add_row(task_id, str(len(rewards)), f"{wins}/{len(rewards)}")
         out.print(t)
+        if res.families:
+            f = Table("family", "tasks", "success", title="by family (first episode)")
+            for family, (solved, scored) in res.by_family().items():
+                f.add_row(family, str(scored), f"{solved}/{scored} ({solved / scored:.0%})")
+            out.print(f)
+        for u in res.excluded:  # never a 0: the environment or the server failed, not the model
+            out.print(f"not scored: {u.task_id}: {u.status.value}: {u.error}")
         summary = {
             "checkpoint": str(args.checkpoint.resolve()),
             "suite": args.suite,
@@ -238,6 +245,12 @@ def add_sft_eval(sub: argparse._SubParsersAction, add_config_args, load) -> None
             "success": res.success(1) if res.greedy else res.success_per_episode(),
             f"pass@{args.samples}": res.success(args.samples),
             "aborted": res.aborted,
+            "not_scored": res.excluded_by_status(),
+            "excluded": [
+                {"task": u.task_id, "status": u.status.value, "error": u.error}
+                for u in res.excluded
+            ],
+            "by_family": {k: {"solved": a, "tasks": b} for k, (a, b) in res.by_family().items()},
             "per_task": res.per_task,
         }
         out.print(res.headline())

@@ -151,13 +151,14 @@ def git_commit() -> tuple[str, bool]:
 
 
 def _score(config: Config, model: Path, split: str) -> dict[str, float]:
-    """Greedy success of `model` on every task of `split`: task id -> 0/1 (an unscored task,
-    every attempt aborted, is left out and said)."""
+    """Greedy success of `model` on every task of `split`: task id -> 0/1 (a task with no
+    scored episode, its environment or the policy failed, is left out and said)."""
     from dart_ray.evaluation.local import run_eval
 
     res = run_eval(config, model, split)
     if res.unscored:
-        print(f"  {split}: {len(res.unscored)} tasks unscored (aborted): {res.unscored[:3]}")
+        why = ", ".join(f"{n} {s}" for s, n in res.excluded_by_status().items())
+        print(f"  {split}: {len(res.unscored)} tasks not scored ({why}): {res.unscored[:3]}")
     return {
         t: float(any(r >= res.success_threshold for r in rs[:1])) for t, rs in res.per_task.items()
     }
