@@ -92,13 +92,22 @@ class DesktopOptions(Section):
     settle_s: float = Field(default=0.3, ge=0)
     """Pause after each action before the screenshot, for the application to redraw."""
     evaluator: Literal["ours", "osworld"] = "ours"
-    """Who scores an episode's end state. `ours`: `dart_ray.envs.osworld.ours`, in this
-    process, the getters and metrics our desktop tasks use. `osworld`: OSWorld's own
-    `DesktopEnv.evaluate` with its getters and metrics (PyPI `desktop-env`), run in a worker
-    process of `osworld_venv` (`make osworld-venv`) through OSWorld's own client; every
-    metric of OSWorld's 369 tasks, less those the venv leaves out (docs/ENVIRONMENTS.md)."""
+    """Who sets a task up and scores its end state. `osworld`, for OSWorld's tasks (every
+    OSWorld config sets it): OSWorld's own SetupController runs the task's `config` steps
+    and `DesktopEnv.evaluate` scores it with its getters and metrics (PyPI `desktop-env`), in
+    a worker process of `osworld_venv` (`make osworld-venv`) through OSWorld's own client;
+    every metric of OSWorld's 369 tasks, less those the venv leaves out
+    (docs/ENVIRONMENTS.md). `ours`, for our own desktop suite (`dart_ray.envs.desktop.suite`):
+    our set-up runner and `dart_ray.envs.osworld.ours`, in this process, with the few getters
+    and metrics that suite uses; it needs no second venv."""
     osworld_venv: Path = Path(".venv-osworld")
-    """The venv OSWorld's evaluator runs in (`scripts/setup-osworld-venv.sh` builds it)."""
+    """The venv OSWorld's evaluator runs in (`scripts/setup-osworld-venv.sh` builds it).
+    Absolute on a cluster (cluster/Dockerfile builds /home/ray/dart-ray/.venv-osworld): a
+    job's working directory is a temporary copy that venvs do not travel with."""
+    password_env: str | None = None
+    """Environment variable holding the desktop user's password, which OSWorld's set-up puts
+    for `{CLIENT_PASSWORD}` in a task's commands (`echo {CLIENT_PASSWORD} | sudo -S ...`).
+    Unset: empty, which is enough for the OSWorld profile's user (passwordless sudo)."""
     osworld_cache_dir: Path | None = None
     """OSWorld's cache folder (`<dir>/<task id>/<file>`): files a task's `cloud_file` getter
     names that are already here are read instead of downloaded, so such tasks score offline.

@@ -69,3 +69,22 @@ def test_the_code_and_the_vllm_we_test_with_are_installed() -> None:
     assert f"vllm=={tested.group(1)}" in runs  # the GPU build of the release the tests run
     workdirs = [args for op, args in ins if op == "WORKDIR"]
     assert workdirs[-1] == "/home/ray/dart-ray"  # where cluster/kuberay/rayjob.yaml looks
+
+
+def test_the_osworld_recipe_scores_with_osworld_in_the_venv_the_image_builds() -> None:
+    """The recipe left `evaluator = "ours"` (3 metrics: nearly every OSWorld task raised at
+    evaluate), and its relative venv path found nothing in a job's working directory, whose
+    upload excludes `.venv-*`, on a node whose image never built it."""
+    from dart_ray.config import load_config
+
+    config = load_config(REPO / "configs" / "osworld-uitars-7b.toml")
+    desktop = config.env.desktop
+    assert config.env.kind == "osworld" and desktop.evaluator == "osworld"
+    assert desktop.osworld_venv.is_absolute()
+    workdir = [args for op, args in _instructions() if op == "WORKDIR"][-1]
+    runs = [args for op, args in _instructions() if op == "RUN"]
+    built = [r.split()[-1] for r in runs if "scripts/setup-osworld-venv.sh" in r]
+    resolved = [b if b.startswith("/") else f"{workdir}/{b}" for b in built]
+    assert str(desktop.osworld_venv) in resolved, (built, desktop.osworld_venv)
+    copied = [args.split()[-2] for op, args in _instructions() if op == "COPY"]
+    assert "scripts/setup-osworld-venv.sh" in copied

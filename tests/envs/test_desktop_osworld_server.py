@@ -168,6 +168,22 @@ def test_execute_with_verification_polls_until_the_condition_holds(srv: Server) 
     assert r.status_code == 400 and "file_exists" in r.json()["error"]
 
 
+def test_execute_with_verification_answers_when_its_wait_runs_out(srv: Server) -> None:
+    """A foreground command held the answer for its own 120 s limit: OSWorld's client gave
+    up after max_wait_time + 10 s with no answer."""
+    t0 = time.monotonic()
+    r = srv.post(
+        "/setup/execute_with_verification",
+        json={
+            "command": ["sleep", "60"],
+            "verification": {"window_exists": "nope"},
+            "max_wait_time": 2,
+        },
+    )
+    assert r.status_code == 500 and r.json()["status"] == "verification_failed", r.text
+    assert time.monotonic() - t0 < 10
+
+
 def test_run_bash_script_honours_working_dir(srv: Server) -> None:
     srv.sh("mkdir -p ~/work/dir")
     r = srv.post("/run_bash_script", json={"script": "pwd", "working_dir": "~/work/dir"})

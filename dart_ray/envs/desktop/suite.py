@@ -19,9 +19,21 @@ from typing import Any
 from dart_ray.envs.osworld.env import task_from_json
 from dart_ray.records import Task
 
-# `timeout`: our server's launch waits that long for the xterm's window (OSWorld's answers at
-# once), so the first action finds the terminal; a loaded CI host can take well over 10 s
-TERM = [{"type": "launch", "parameters": {"command": ["xterm"], "timeout": 30}}]
+# Launch the terminal, then wait for its window (titled "Terminal") so the first action finds
+# it: OSWorld's own steps, which its SetupController runs as ours does (a loaded CI host can
+# take well over 10 s to show it)
+TERM = [
+    {"type": "launch", "parameters": {"command": ["xterm"]}},
+    {
+        "type": "execute_with_verification",
+        "parameters": {
+            "command": ["true"],
+            "verification": {"window_exists": "Terminal"},
+            "max_wait_time": 30,
+            "check_interval": 0.2,
+        },
+    },
+]
 
 
 def _file(path: str, content: str) -> dict[str, Any]:

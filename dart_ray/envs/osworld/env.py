@@ -51,9 +51,10 @@ from dart_ray.envs.base import (
     invalid_step,
 )
 from dart_ray.envs.osworld import ours
+from dart_ray.envs.osworld.chrome import history_template
 from dart_ray.envs.osworld.client import EmulatorPool, EnvProtocolError, OSWorldClient
 from dart_ray.envs.osworld.official import OSWorldEvaluator
-from dart_ray.envs.osworld.setup import run_step
+from dart_ray.envs.osworld.setup import Screen, run_step
 from dart_ray.envs.pyautogui_code import DONE, FAIL, WAIT, UnsafeAction, to_code
 from dart_ray.envs.taskfile import TaskFileError, check_task_id
 from dart_ray.records import Action, Observation, Task
@@ -72,6 +73,9 @@ class OSWorldEnv(Env):
             if self.options.token_file
             else "env.desktop.token_env",
         )
+        # OSWorld's {CLIENT_PASSWORD}: read once, masked in this process's logs
+        password = self.options.password_env
+        self.password = read_secret(password, None, required="env.desktop.password_env") or ""
         self.pool = (
             EmulatorPool(self.options.pool_url, self.token) if self.options.pool_url else None
         )
@@ -104,8 +108,11 @@ class OSWorldEnv(Env):
             self.client = self._client(url)
         c = self._need_client()
         c.reset(task.config.get("apps", self.options.apps))
-        for i, step in enumerate(steps):
-            run_step(c, self.options, task.task_id, i, step)
+        if self.options.evaluator == "osworld":  # set-up as OSWorld's own SetupController runs it
+            self._osworld_setup(c, task, steps)
+        else:
+            for i, step in enumerate(steps):
+                run_step(c, self.options, task.task_id, i, step, self._screen())
         self.task, self.last_action, self._done = task, None, False
         return self._observe(c)
 
@@ -143,8 +150,25 @@ class OSWorldEnv(Env):
             return self._osworld().evaluate(self.task, c.base, self.token, self.last_action, screen)
         # OSWorld runs the evaluator's `postconfig` setup steps before its getters
         for i, step in enumerate(evaluator.get("postconfig", [])):
-            run_step(c, self.options, self.task.task_id, i, step)
+            run_step(c, self.options, self.task.task_id, i, step, self._screen())
         return ours.evaluate(c, evaluator, self.last_action)
+
+    def _screen(self) -> Screen:
+        return Screen(self.config.screen_width, self.config.screen_height, self.password)
+
+    def _osworld_setup(self, c: OSWorldClient, task: Task, steps: list[Any]) -> None:
+        """The steps through OSWorld's SetupController in the evaluator's worker. OSWorld
+        downloads the empty History database `update_browse_history` starts from; it is made
+        here instead, where OSWorld looks for it first (`<task cache>/history_new.sqlite`)."""
+        official = self._osworld()
+        if any(isinstance(s, dict) and s.get("type") == "update_browse_history" for s in steps):
+            from dart_ray.envs.osworld.chrome_history import make_history_template
+
+            folder = official.cache / task.task_id
+            folder.mkdir(parents=True, exist_ok=True)
+            history_template(folder, make_history_template)
+        screen = (self.config.screen_width, self.config.screen_height)
+        official.setup(task, steps, c.base, self.token, screen, client_password=self.password)
 
     def _osworld(self) -> OSWorldEvaluator:
         if self._official is None:

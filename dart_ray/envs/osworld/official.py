@@ -25,13 +25,15 @@ import signal
 import subprocess
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, Any, TypeVar
 
 from dart_ray.envs.base import EnvCrashed, EnvInputError
 from dart_ray.records import Task
 
 WORKER = Path(__file__).with_name("worker.py")
+T = TypeVar("T")
 
 
 class OSWorldEvaluatorError(EnvInputError):
@@ -80,8 +82,8 @@ def request_line(
     return json.dumps(req) + "\n"
 
 
-def read_answer(task_id: str, line: str) -> float:
-    """The score in the worker's answer line; the error it carries, raised, otherwise."""
+def read_answer(task_id: str, line: str) -> dict[str, Any]:
+    """The worker's answer line as an object; the error it carries, raised."""
     try:
         answer = json.loads(line)
     except ValueError:
@@ -92,6 +94,12 @@ def read_answer(task_id: str, line: str) -> float:
         raise OSWorldWorkerCrashed(f"task {task_id}: OSWorld's evaluator answered {line[:200]!r}")
     if "error" in answer:
         raise OSWorldEvaluatorError(f"OSWorld's evaluator: {answer['error']}")
+    return answer
+
+
+def read_score(task_id: str, line: str) -> float:
+    """The score in the worker's answer line; the error it carries, raised, otherwise."""
+    answer = read_answer(task_id, line)
     score = answer.get("score")
     if not isinstance(score, int | float) or isinstance(score, bool):
         raise OSWorldWorkerCrashed(f"task {task_id}: OSWorld's evaluator answered {answer}")
@@ -122,6 +130,7 @@ class OSWorldEvaluator:
         self.proc: subprocess.Popen[str] | None = None
         self.log: IO[str] | None = None
         self._lock = threading.Lock()
+        self._secret = ""  # the desktop password of the last setup, never in a crash report
 
     def evaluate(
         self,
@@ -134,9 +143,43 @@ class OSWorldEvaluator:
         """OSWorld's score of the desktop's end state for `task` (0.0..1.0)."""
         cache = self.cache / task.task_id
         line = request_line(task, server_url, token, last_action, cache, screen, self.chromium_port)
+        return self._parse(task.task_id, self._exchange(task.task_id, line), read_score)
+
+    def setup(
+        self,
+        task: Task,
+        steps: list[Any],
+        server_url: str,
+        token: str | None,
+        screen: tuple[int, int] = (1920, 1080),
+        client_password: str = "",
+    ) -> None:
+        """Run `task`'s setup steps through OSWorld's own SetupController on the server (see
+        worker.setup); OSWorldEvaluatorError naming the task when a step fails."""
+        req = {
+            "op": "setup",
+            "task_id": task.task_id,
+            "config": steps,
+            "server_url": server_url,
+            "token": token,
+            "cache_dir": str(self.cache / task.task_id),
+            "screen_width": screen[0],
+            "screen_height": screen[1],
+            "chromium_port": self.chromium_port,
+            "client_password": client_password,
+        }
+        self._secret = client_password
+        line = self._exchange(task.task_id, json.dumps(req) + "\n")
+        answer = self._parse(task.task_id, line, read_answer)
+        if answer.get("ok") is not True:
+            raise OSWorldWorkerCrashed(f"task {task.task_id}: OSWorld's setup answered {answer}")
+
+    def _exchange(self, task_id: str, line: str) -> str:
+        """Send one request line, return the answer line; a worker that failed is stopped
+        (and started afresh by the next request)."""
         with self._lock:
             try:
-                proc = self._started(task.task_id)
+                proc = self._started(task_id)
                 assert proc.stdin is not None and self.log is not None
                 # only this evaluation's output is kept: OSWorld's metrics print what they
                 # compare (whole accessibility trees), which would fill the disk over a run
@@ -144,12 +187,16 @@ class OSWorldEvaluator:
                 self.log.truncate()
                 proc.stdin.write(line)
                 proc.stdin.flush()
-                answer = self._read_line(proc, task.task_id)
+                answer = self._read_line(proc, task_id)
             except (OSError, OSWorldWorkerCrashed):  # a broken pipe is an OSError
                 self._stop()
                 raise
+        return answer
+
+    def _parse(self, task_id: str, line: str, parse: Callable[[str, str], T]) -> T:
+        """`parse` of an answer; a worker that answered outside the protocol is stopped."""
         try:
-            return read_answer(task.task_id, answer)
+            return parse(task_id, line)
         except OSWorldWorkerCrashed:
             with self._lock:
                 self._stop()
@@ -202,7 +249,10 @@ class OSWorldEvaluator:
             return ""
         self.log.flush()
         self.log.seek(0)
-        return self.log.read()[-600:]
+        text = self.log.read()
+        if self._secret:  # OSWorld's SetupController logs each command as it ran it
+            text = text.replace(self._secret, "***")
+        return text[-600:]
 
     def _stop(self) -> None:
         if self.proc is not None:

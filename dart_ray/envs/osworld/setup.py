@@ -14,15 +14,27 @@ happen on this side, as in OSWorld:
 - `googledrive`, `login`, `proxy` need the internet and accounts: refused, saying so; `act`,
   `replay`, `tidy_desktop` are not implemented by OSWorld either.
 
+`execute` (and `command`) follow OSWorld's `_execute_setup`: `{CLIENT_PASSWORD}`,
+`{SCREEN_WIDTH}`, `{SCREEN_HEIGHT}`, `{SCREEN_WIDTH_HALF}`, `{SCREEN_HEIGHT_HALF}` are filled
+in; `until` (`returncode`, or text in `stdout` / `stderr`) runs the command again every 0.3 s
+until it holds (OSWorld waits without end; here `UNTIL_LIMIT_S`, then the step fails);
+`stdout` / `stderr` name files in the task's cache folder that get the last run's output;
+a non-zero exit is logged, not a failure, as in OSWorld. `launch` given one string without
+`shell` is split on spaces, as OSWorld does.
+
 Every refusal and failure is an EnvInputError naming the task, the step's index and its type.
+With `env.desktop.evaluator = "osworld"` a task's steps go to OSWorld's own SetupController
+instead (`OSWorldEvaluator.setup`); this runner serves our own desktop tasks.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -32,8 +44,11 @@ from dart_ray.envs.base import EnvInputError
 from dart_ray.envs.osworld import chrome as chrome_setup
 from dart_ray.envs.osworld.client import OSWorldClient
 
+log = logging.getLogger(__name__)
+
+UNTIL_LIMIT_S = 120.0
+"""How long an `execute` step's `until` may take to hold before the step fails."""
 SERVER_STEPS = {
-    "launch": "launch",
     "open": "open_file",
     "activate_window": "activate_window",
     "close_window": "close_window",
@@ -65,7 +80,40 @@ def cached_download(cache: Path | None, task_id: str, url: str, path: str) -> Pa
     return file if file.is_file() else None
 
 
-def run_step(c: OSWorldClient, options: DesktopOptions, task_id: str, i: int, step: Any) -> None:
+@dataclass(frozen=True, slots=True)
+class Screen:
+    """What OSWorld's placeholders stand for."""
+
+    width: int = 1920
+    height: int = 1080
+    password: str = ""
+
+    def fill(self, command: str | list[str]) -> str | list[str]:
+        """`command` with OSWorld's placeholders filled in (the halves before the wholes)."""
+        subs = {
+            "{CLIENT_PASSWORD}": self.password,
+            "{SCREEN_WIDTH_HALF}": str(self.width // 2),
+            "{SCREEN_HEIGHT_HALF}": str(self.height // 2),
+            "{SCREEN_WIDTH}": str(self.width),
+            "{SCREEN_HEIGHT}": str(self.height),
+        }
+
+        def one(text: str) -> str:
+            for key, value in subs.items():
+                text = text.replace(key, value)
+            return text
+
+        return one(command) if isinstance(command, str) else [one(str(a)) for a in command]
+
+
+def run_step(
+    c: OSWorldClient,
+    options: DesktopOptions,
+    task_id: str,
+    i: int,
+    step: Any,
+    screen: Screen | None = None,
+) -> None:
     """Run setup step `i` of task `task_id`; EnvInputError naming both if it cannot run."""
     if not isinstance(step, dict) or "type" not in step:
         raise EnvInputError(f"task {task_id}: setup step {i}: needs a 'type'")
@@ -74,9 +122,12 @@ def run_step(c: OSWorldClient, options: DesktopOptions, task_id: str, i: int, st
     if kind == "sleep":
         time.sleep(float(p.get("seconds", 1)))
     elif kind in ("execute", "command"):
-        r = c.setup("execute", {"command": p["command"], "shell": bool(p.get("shell", False))})
-        if r.get("returncode") not in (0, None):
-            raise EnvInputError(f"{where} failed: {r.get('error', '')[-300:]}")
+        _execute(c, options, task_id, p, screen or Screen(), where)
+    elif kind == "launch":
+        command, shell = p["command"], bool(p.get("shell", False))
+        if isinstance(command, str) and not shell and len(command.split()) > 1:
+            command = command.split()
+        c.setup("launch", {"command": command, "shell": shell})
     elif kind in SERVER_STEPS:
         c.setup(SERVER_STEPS[kind], p)
         time.sleep(float(p.get("wait", 0.0)))
@@ -99,6 +150,34 @@ def run_step(c: OSWorldClient, options: DesktopOptions, task_id: str, i: int, st
         raise EnvInputError(f"{where}: OSWorld does not implement this step either")
     else:
         raise EnvInputError(f"{where}: unknown type {kind!r}")
+
+
+def _execute(
+    c: OSWorldClient, options: DesktopOptions, task_id: str, p: Any, screen: Screen, where: str
+) -> None:
+    command = screen.fill(p["command"])
+    until: dict[str, Any] = p.get("until") or {}
+    deadline = time.monotonic() + UNTIL_LIMIT_S
+    while True:
+        r = c.setup("execute", {"command": command, "shell": bool(p.get("shell", False))})
+        out, err = str(r.get("output") or ""), str(r.get("error") or "")
+        cache = options.osworld_cache_dir
+        for key, text in (("stdout", out), ("stderr", err)):
+            if p.get(key) and cache is not None:  # where OSWorld's getters read them
+                (cache / task_id).mkdir(parents=True, exist_ok=True)
+                (cache / task_id / str(p[key])).write_text(text)
+        if r.get("returncode") not in (0, None):  # OSWorld logs it and goes on
+            log.warning("%s: exit %s: %s", where, r.get("returncode"), err[-300:])
+        held = (
+            ("returncode" in until and r.get("returncode") == until["returncode"])
+            or ("stdout" in until and str(until["stdout"]) in out)
+            or ("stderr" in until and str(until["stderr"]) in err)
+        )
+        if not until or held:
+            return
+        if time.monotonic() > deadline:
+            raise EnvInputError(f"{where}: 'until' {until} did not hold in {UNTIL_LIMIT_S:g} s")
+        time.sleep(0.3)
 
 
 def _chrome_step(

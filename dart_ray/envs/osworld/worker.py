@@ -9,6 +9,9 @@ writes one JSON request a line on stdin and reads one JSON answer a line from st
         "cache_dir": "/tmp/..."}
     <- {"score": 1.0}  |  {"error": "task t1: ...", "kind": "offline" | "unavailable" |
                                                       "evaluator" | "input"}
+    -> {"op": "setup", "task_id": "t1", "config": [{"type": ..., "parameters": ...}],
+        "server_url": ..., "token": ..., "cache_dir": ..., "client_password": "..."}
+    <- {"ok": true}  |  {"error": "task t1: setup: ...", "kind": "setup" | "offline" | "input"}
 
 The score is `DesktopEnv.evaluate` itself, called on a stand-in object that carries what
 OSWorld's getters read (`controller`: OSWorld's PythonController on the server,
@@ -267,6 +270,46 @@ def evaluate(
     return {"score": score}
 
 
+def setup(req: dict[str, Any], net: Network) -> dict[str, Any]:
+    """A task's `config` steps run by OSWorld's own SetupController on the server: its
+    placeholders (`{CLIENT_PASSWORD}`, `{SCREEN_WIDTH}`, ...), `until`, `stdout`/`stderr`
+    files in the task's cache folder, and its failures (a step that raises fails the task; a
+    command's non-zero exit is only logged)."""
+    from desktop_env.controllers.python import PythonController
+    from desktop_env.controllers.setup import SetupController
+
+    task = req.get("task_id", "?")
+    steps = req.get("config")
+    if not isinstance(steps, list) or not all(
+        isinstance(s, dict) and "type" in s and isinstance(s.get("parameters", {}), dict)
+        for s in steps
+    ):
+        return {
+            "error": f"task {task}: config must be a list of {{type, parameters}}",
+            "kind": "input",
+        }
+    url = urlsplit(str(req.get("server_url", "")))
+    net.origin, net.token, net.refused = f"{url.scheme}://{url.netloc}", req.get("token"), []
+    try:
+        os.makedirs(req["cache_dir"], exist_ok=True)
+        env = Desktop(req, PythonController, SetupController)
+        env.setup_controller.client_password = str(req.get("client_password") or "")
+        steps = [{"type": s["type"], "parameters": s.get("parameters", {})} for s in steps]
+        ok = env.setup_controller.setup(steps, use_proxy=False)
+    except Exception as e:  # SetupController raises Exception("Setup step N failed: ...")
+        if net.refused:
+            return _offline(task, "setup", net)
+        return {"error": f"task {task}: setup: {type(e).__name__}: {e}", "kind": "setup"}
+    if net.refused:  # a step that logs a failed request and goes on
+        return _offline(task, "setup", net)
+    if ok is False:
+        return {
+            "error": f"task {task}: setup: the server did not answer /terminal",
+            "kind": "setup",
+        }
+    return {"ok": True}
+
+
 def _offline(task: str, getter: str, net: Network) -> dict[str, Any]:
     return {
         "error": f"task {task}: {getter} needs the internet ({net.refused[0]}); "
@@ -289,7 +332,13 @@ def serve(out: Any) -> None:
         except ValueError as e:
             answer: dict[str, Any] = {"error": f"bad request line: {e}", "kind": "input"}
         else:
-            answer = evaluate(req, desktop_env, net, unavailable)
+            op = req.get("op", "evaluate")
+            if op == "setup":
+                answer = setup(req, net)
+            elif op == "evaluate":
+                answer = evaluate(req, desktop_env, net, unavailable)
+            else:
+                answer = {"error": f"unknown op {op!r}: 'setup' or 'evaluate'", "kind": "input"}
         out.write(json.dumps(answer) + "\n")
         out.flush()
 

@@ -23,7 +23,7 @@ from dart_ray.envs.osworld.official import (
     OSWorldEvaluator,
     OSWorldEvaluatorError,
     OSWorldWorkerCrashed,
-    read_answer,
+    read_score,
 )
 from dart_ray.records import Task
 from tests.envs.osworld.venv import VENV, has_venv
@@ -52,6 +52,12 @@ class _Fake(BaseHTTPRequestHandler):
         authed = self.headers.get("Authorization") == f"Bearer {TOKEN}"
         _Fake.executed.append({"path": self.path, "body": body, "authed": authed})
         out = {"status": "success", "output": "authed" if authed else "anonymous"}
+        if "count" in str(body.get("command")):  # `run N` on its Nth run; it exits 1
+            n = sum("count" in str(e["body"].get("command")) for e in _Fake.executed)
+            self._send(
+                json.dumps(out | {"output": f"run {n}", "error": "no", "returncode": 1}).encode()
+            )
+            return
         self._send(json.dumps(out | {"error": "", "returncode": 0}).encode())
 
     def log_message(self, *a: object) -> None:
@@ -225,6 +231,61 @@ def test_unknown_metrics_and_failing_metrics_are_named(
     assert official.evaluate(_task({"func": "infeasible"}), fake_url, TOKEN, "FAIL") == 1.0
 
 
+@pytest.mark.osworld
+@has_venv
+def test_setup_runs_through_osworlds_setup_controller_as_osworld_does(
+    official: OSWorldEvaluator, fake_url: str
+) -> None:
+    """Our runner dropped `until`, `stdout`, `stderr`, left `{SCREEN_WIDTH}` and
+    `{CLIENT_PASSWORD}` in the command and failed a task on a non-zero exit."""
+    _Fake.executed.clear()
+    steps = [
+        {"type": "launch", "parameters": {"command": ["xterm", "-geometry", "{SCREEN_WIDTH}"]}},
+        {
+            "type": "execute",
+            "parameters": {
+                "command": "echo {CLIENT_PASSWORD} | sudo -S count {SCREEN_WIDTH_HALF}",
+                "shell": True,
+                "until": {"stdout": "run 3"},
+                "stdout": "count.out",
+            },
+        },
+    ]
+    task = _task({"func": "infeasible"}, "setup-1")
+    official.setup(task, steps, fake_url, TOKEN, (1280, 720), client_password="pw-from-env")
+    sent = [(e["path"], e["body"].get("command")) for e in _Fake.executed]
+    assert sent[0] == ("/setup/launch", ["xterm", "-geometry", "{SCREEN_WIDTH}"])  # as OSWorld
+    assert sent[1:] == [("/setup/execute", "echo pw-from-env | sudo -S count 640")] * 3
+    assert all(e["authed"] for e in _Fake.executed)
+    # its last run's stdout, in the task's cache folder, where OSWorld's getters look
+    assert (official.cache / "setup-1" / "count.out").read_text() == "run 3"
+
+
+@pytest.mark.osworld
+@has_venv
+def test_a_setup_step_that_needs_the_internet_names_the_task(
+    official: OSWorldEvaluator, fake_url: str
+) -> None:
+    steps = [
+        {
+            "type": "download",
+            "parameters": {"files": [{"url": "https://example.com/a.xlsx", "path": "/tmp/a"}]},
+        }
+    ]
+    with pytest.raises(OSWorldEvaluatorError, match=r"task setup-2: .*example\.com"):
+        official.setup(_task({"func": "infeasible"}, "setup-2"), steps, fake_url, TOKEN)
+
+
+def test_the_desktop_password_never_reaches_a_crash_report(tmp_path: Path) -> None:
+    ev = OSWorldEvaluator(_fake_venv(tmp_path, 'echo "ran: sudo -S pw-42" >&2; exit 1'), tmp_path)
+    try:
+        with pytest.raises(OSWorldWorkerCrashed) as e:
+            ev.setup(_task({}, "t5"), [], "http://127.0.0.1:1", None, client_password="pw-42")
+        assert "ran: sudo -S ***" in str(e.value) and "pw-42" not in str(e.value)
+    finally:
+        ev.close()
+
+
 def _fake_venv(tmp_path: Path, after_ready: str) -> Path:
     """A 'venv' whose python says ready, counts its starts, then does `after_ready`."""
     (tmp_path / "bin").mkdir(parents=True)
@@ -317,10 +378,10 @@ def test_a_relative_venv_works_from_the_workers_folder(
 
 
 def test_answers_and_a_missing_venv() -> None:
-    assert read_answer("t", '{"score": 1}') == 1.0
+    assert read_score("t", '{"score": 1}') == 1.0
     with pytest.raises(OSWorldEvaluatorError, match="task t: getter 'cloud_file'"):
-        read_answer("t", '{"error": "task t: getter \'cloud_file\' needs the internet"}')
+        read_score("t", '{"error": "task t: getter \'cloud_file\' needs the internet"}')
     with pytest.raises(OSWorldWorkerCrashed, match=r"task t: .*answered"):
-        read_answer("t", '{"score": "high"}')
+        read_score("t", '{"score": "high"}')
     with pytest.raises(EnvInputError, match="make osworld-venv"):
         OSWorldEvaluator(Path("/nonexistent/venv"))

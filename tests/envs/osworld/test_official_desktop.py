@@ -95,3 +95,33 @@ def test_env_scores_with_osworlds_evaluator_when_configured() -> None:
     finally:
         env.close()
     assert env._official is None  # its worker went with the env
+
+
+def test_with_osworlds_evaluator_the_set_up_is_osworlds_too() -> None:
+    """Placeholders OSWorld's controller fills, a command that exits non-zero (OSWorld logs
+    it and goes on; ours failed the task), and `until`: the set-up ran by OSWorld's
+    SetupController on our desktop, and the state it left scored by OSWorld's evaluator."""
+    cfg = CFG.model_copy(update={"desktop": DesktopOptions(evaluator="osworld", osworld_venv=VENV)})
+    env = LocalDesktopEnv(cfg)
+    steps = [
+        {"type": "execute", "parameters": {"command": "false", "shell": True}},
+        {
+            "type": "execute",
+            "parameters": {
+                "command": "printf {SCREEN_WIDTH}x{SCREEN_HEIGHT_HALF} > ~/w.txt; cat ~/w.txt",
+                "shell": True,
+                "until": {"stdout": "800x300"},
+            },
+        },
+    ]
+    evaluator = {
+        "func": "exact_match",
+        "result": {"type": "vm_command_line", "command": "cat ~/w.txt", "shell": True},
+        "expected": {"type": "rule", "rules": {"expected": "800x300"}},
+    }
+    task = Task("set-up", "nothing to do", "desktop", {"config": steps, "evaluator": evaluator})
+    try:
+        env.reset(task)
+        assert env.evaluate() == 1.0
+    finally:
+        env.close()

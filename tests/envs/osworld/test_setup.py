@@ -24,7 +24,7 @@ from dart_ray.envs.osworld.chrome import history_database, same_url
 from dart_ray.envs.osworld.chrome_history import CHROMIUMS
 from dart_ray.envs.osworld.client import OSWorldClient
 from dart_ray.envs.osworld.env import LocalDesktopEnv, task_from_json
-from dart_ray.envs.osworld.setup import cache_name, run_step
+from dart_ray.envs.osworld.setup import Screen, cache_name, run_step
 from tests.envs.desktops import serving_pages, two_visits
 
 CHROMIUM = next((c for c in CHROMIUMS if shutil.which(c)), None)
@@ -63,6 +63,43 @@ def test_steps_that_cannot_run_say_why(kind: str, why: str) -> None:
     step = {"type": kind, "parameters": {}}
     with pytest.raises(EnvInputError, match=f"task t-1: setup step 3 \\({kind}\\): .*{why}"):
         run_step(NOWHERE, OFFLINE, "t-1", 3, step)
+
+
+class Recording(OSWorldClient):
+    """A client that records each set-up request; `execute` answers `run N` on its Nth run
+    and exits 1, as a command that failed."""
+
+    def __init__(self) -> None:
+        super().__init__("http://127.0.0.1:9", None, 1.0)
+        self.sent: list[tuple[str, Any]] = []
+
+    def setup(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.sent.append((endpoint, body.get("command", body)))
+        runs = sum(w == "execute" for w, _ in self.sent)
+        return {"status": "success", "output": f"run {runs}", "error": "no", "returncode": 1}
+
+
+def test_execute_fills_placeholders_repeats_until_and_only_logs_an_exit_code(
+    tmp_path: Path,
+) -> None:
+    """As OSWorld's `_execute_setup`: ours sent `{SCREEN_WIDTH}` as written, ran once
+    whatever `until` said, dropped `stdout`, and failed the task on exit 1."""
+    c = Recording()
+    options = DesktopOptions(osworld_cache_dir=tmp_path)
+    step = {
+        "type": "execute",
+        "parameters": {
+            "command": ["sh", "-c", "echo {CLIENT_PASSWORD} {SCREEN_WIDTH}x{SCREEN_HEIGHT_HALF}"],
+            "until": {"stdout": "run 3"},
+            "stdout": "out.txt",
+        },
+    }
+    run_step(c, options, "t-2", 0, step, Screen(1280, 720, "pw"))
+    assert c.sent == [("execute", ["sh", "-c", "echo pw 1280x360"])] * 3
+    assert (tmp_path / "t-2" / "out.txt").read_text() == "run 3"
+    # a string command without a shell is split, as OSWorld's launch does
+    run_step(c, options, "t-2", 1, {"type": "launch", "parameters": {"command": "xterm -e top"}})
+    assert c.sent[-1] == ("launch", ["xterm", "-e", "top"])
 
 
 def test_same_url_as_compare_urls() -> None:
