@@ -217,7 +217,7 @@ def test_a_dead_server_is_a_crash_and_leaves_nothing_behind() -> None:
 
 
 @pytest.mark.usefixtures("ray_local")
-def test_session_recovers_from_a_killed_app_and_a_frozen_server() -> None:
+def test_a_killed_app_is_scored_a_dead_display_or_frozen_server_aborted() -> None:
     import os
     import signal
 
@@ -253,13 +253,20 @@ def test_session_recovers_from_a_killed_app_and_a_frozen_server() -> None:
         return out
 
     try:
-        # 1. the editor is killed mid-episode: the next step reports the crash, no reward
+        # 1. the editor is killed mid-episode (as an agent's `pkill` would): that is the
+        # episode's state, scored (0: nothing saved), not a machine crash (it was aborted)
         ray.get(s.reset.remote(tasks["editor-type-save"]))
         (editor,) = named("mousepad")
         os.kill(editor, signal.SIGKILL)
-        with pytest.raises(EnvAborted, match="crashed on the desktop: mousepad"):
-            ray.get(s.step.remote(Action(ActionKind.TYPE, text="too late")))
-        # 2. a fresh desktop serves the next episode
+        ray.get(s.step.remote(Action(ActionKind.TYPE, text="too late")))
+        assert ray.get(s.evaluate.remote()) == 0.0
+        # 2. the X display dies: the machine is broken, the episode aborted
+        ray.get(s.reset.remote(tasks["editor-type-save"]))
+        (xvfb,) = named("Xvfb")
+        os.kill(xvfb, signal.SIGKILL)
+        with pytest.raises(EnvAborted, match="X display died"):
+            ray.get(s.step.remote(Action(ActionKind.WAIT)))
+        # and a fresh desktop serves the next episode
         assert solve(tasks["editor-type-save"]) == 1.0
         # 3. the server freezes (SIGSTOP): requests time out, the session kills the whole
         # desktop and starts another

@@ -261,7 +261,7 @@ def test_an_unknown_endpoint_leaves_the_connection_usable(server: Server) -> Non
     connection, and the client's next request on it failed as 'bad request syntax'."""
     r = server.post("/no/such/endpoint", json={"path": "x" * 200})
     assert r.status_code == 404
-    assert server.get("/health").json() == {"status": "ok"}
+    assert server.get("/health").json() == {"status": "ok", "display": True}
 
 
 def test_our_client_runs_the_new_setup_steps() -> None:

@@ -9,9 +9,11 @@ Xvfb runs with `-nolisten tcp` and a private MIT-MAGIC-COOKIE in its own auth fi
 processes given that file (ours) can connect to the display.
 
 Applications are tracked: the server reports an app that ended by a signal it did not send
-(killed, segfault) as *crashed*, and the client turns that into `EnvCrashed`, so the episode is
-aborted rather than scored on a broken desktop. An app the user closed normally (exit status
->= 0) is not a crash.
+(killed, segfault) as *crashed* (`GET /apps`). That is the episode's state, not the machine's
+failure: the agent may close or kill an app (`pkill`, a window's close button), and the end
+state is scored as OSWorld scores it. What breaks the machine is the server not answering or
+the X display dying (`GET /health` says `display: false`); the client turns either into
+`EnvCrashed`, so the episode is aborted rather than scored.
 
 A reset ends every process the desktop started, not only the apps: whatever `/setup/execute`,
 `/run_bash_script` or `/setup/launch` left running (a `socat` listener, a `nohup ... &`) would
@@ -292,6 +294,10 @@ class Machine:
         self._groups = {g for g in self._groups if _group_alive(g)}
         if _group_alive(pgid):
             self._groups.add(pgid)
+
+    def display_alive(self) -> bool:
+        """The X server is running: without it nothing on the desktop can be seen or used."""
+        return self._xvfb is not None and self._xvfb.poll() is None
 
     def crashed_apps(self) -> list[App]:
         return [a for a in self.apps if a.crashed]

@@ -150,6 +150,11 @@ class Desktop(SetupSteps):
         tree = atspi_tree.collect(self.m.env()) if self.m.atspi else None
         return json_reply({"AT": tree or self.x.tree_xml(self.m.width, self.m.height)})
 
+    def health(self) -> Reply:
+        """`{"status": "ok" | "down", "display": bool}`: down once the X server has died."""
+        alive = self.m.display_alive()
+        return json_reply({"status": "ok" if alive else "down", "display": alive})
+
     def apps(self) -> Reply:
         return json_reply(
             [

@@ -10,7 +10,7 @@ Written from the protocol description (shared/REFERENCE.md), not from OSWorld's 
          /setup/activate_window /setup/close_window /setup/change_wallpaper
     POST /start_recording /end_recording
     ours: POST /reset (fresh HOME, every process ended, apps restarted), GET /apps (which apps
-          crashed), GET /health
+          crashed), GET /health (whether the X display is alive)
 
 Every POST body may be JSON or a form (urlencoded or multipart), read by its Content-Type:
 OSWorld's own client posts some fields as forms (`/file`, `/window_size`).
@@ -54,7 +54,7 @@ def make_handler(desk: Desktop, token: str | None) -> type[BaseHTTPRequestHandle
         "/platform": lambda: (200, b"Linux", "text/plain"),
         "/cursor_position": lambda: json_reply(list(desk.x.pointer())),
         "/apps": desk.apps,
-        "/health": lambda: json_reply({"status": "ok"}),
+        "/health": desk.health,
     }
     post_routes = {
         "/execute": desk.execute,

@@ -132,14 +132,14 @@ class OSWorldClient:
         r = self.request("POST", "/reset", ok404=True, json=body, timeout=max(self.timeout, 30.0))
         return r.status_code != 404
 
-    def crashed_apps(self) -> list[str] | None:
-        r = self.request("GET", "/apps", ok404=True)
+    def display_alive(self) -> bool | None:
+        """Whether the desktop's X display is alive (our server's `/health`); None from a
+        server without it (OSWorld's own)."""
+        r = self.request("GET", "/health", ok404=True)
         if r.status_code == 404:
             return None
-        apps = self.answer(r, "/apps", list)
-        if not all(isinstance(a, dict) for a in apps):
-            raise EnvProtocolError(f"desktop server {self.base} answered /apps with non-objects")
-        return [str(a.get("name")) for a in apps if self.field(a, "crashed", "/apps", bool)]
+        health = self.answer(r, "/health", dict)
+        return self.field(health, "display", "/health", bool)
 
 
 class EmulatorPool:

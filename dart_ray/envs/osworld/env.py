@@ -20,7 +20,7 @@ task infeasible. An action that cannot become code (an unknown key, a missing po
 over `env.max_type_chars`: at pyautogui's 5 ms a character a longer one outlasts the step) is a
 failed step that says why, and nothing runs.
 
-A server that does not answer, answers 5xx, reports a crashed application, or answers outside
+A server that does not answer, answers 5xx, reports its X display dead (`/health`), or answers outside
 the protocol (not JSON, a field missing or mistyped: `EnvProtocolError`) raises `EnvCrashed`:
 EnvSession then rebuilds the env and the episode is ABORTED, not scored.
 """
@@ -89,7 +89,7 @@ class OSWorldEnv(Env):
         self.task: Task | None = None
         self.last_action: str | None = None
         self._done = False
-        self._has_apps_endpoint = True
+        self._has_health_endpoint = True
         self._official: OSWorldEvaluator | None = None
 
     def _client(self, url: str) -> OSWorldClient:
@@ -136,14 +136,14 @@ class OSWorldEnv(Env):
             r = c.execute([sys_python(), "-c", code])
             info |= {"returncode": r.get("returncode"), "error": (r.get("error") or "")[-500:]}
             time.sleep(self.options.settle_s)
-        self._check_apps(c)
+        self._check_display(c)
         return StepResult(self._observe(c), False, info)
 
     def evaluate(self) -> float:
         c = self._need_client()
         if self.task is None:
             raise EnvInputError("evaluate before reset")
-        self._check_apps(c)
+        self._check_display(c)
         evaluator = self.task.config.get("evaluator", {})
         if self.options.evaluator == "osworld":  # postconfig, getters, metrics: all OSWorld's
             screen = (self.config.screen_width, self.config.screen_height)
@@ -210,14 +210,16 @@ class OSWorldEnv(Env):
         tree = c.accessibility() if self.options.accessibility else None
         return Observation(png, w, h, accessibility=tree)
 
-    def _check_apps(self, c: OSWorldClient) -> None:
-        if not self._has_apps_endpoint:
+    def _check_display(self, c: OSWorldClient) -> None:
+        """EnvCrashed once the X display has died. An app that ended (closed or killed by the
+        agent's actions, or crashed) is the episode's state, scored as OSWorld scores it."""
+        if not self._has_health_endpoint:
             return
-        crashed = c.crashed_apps()
-        if crashed is None:
-            self._has_apps_endpoint = False
-        elif crashed:
-            raise EnvCrashed(f"application(s) crashed on the desktop: {', '.join(crashed)}")
+        alive = c.display_alive()
+        if alive is None:
+            self._has_health_endpoint = False
+        elif not alive:
+            raise EnvCrashed("the desktop's X display died")
 
 
 def sys_python() -> str:

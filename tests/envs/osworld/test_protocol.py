@@ -42,7 +42,7 @@ GOOD: dict[str, Reply] = {
     "/reset": _json({"status": "success"}),
     "/screenshot": (200, _png(), "image/png"),
     "/accessibility": _json({"AT": "<desktop/>"}),
-    "/apps": _json([{"name": "xterm", "crashed": False}]),
+    "/health": _json({"status": "ok", "display": True}),
     "/execute": _json({"status": "success", "output": "", "error": "", "returncode": 0}),
     "/platform": (200, b"Linux", "text/plain"),
 }
@@ -116,13 +116,8 @@ RESET_GARBAGE = [
 STEP_GARBAGE = [
     ("/execute", (200, b"", "application/json"), "answered /execute with a body that is not JSON"),
     ("/execute", _json([0]), "answered /execute with JSON list, not an object"),
-    ("/apps", _json({"xterm": "ok"}), "answered /apps with JSON dict, not an array"),
-    ("/apps", _json(["xterm"]), "answered /apps with non-objects"),
-    (
-        "/apps",
-        _json([{"name": "xterm", "crashed": "no"}]),
-        "without a valid 'crashed' (got \"no\")",
-    ),
+    ("/health", _json(["ok"]), "answered /health with JSON list, not an object"),
+    ("/health", _json({"display": "yes"}), "without a valid 'display' (got \"yes\")"),
 ]
 
 
