@@ -163,7 +163,8 @@ def _pid_of(world: World, class_prefix: str) -> int:
 
 def _env_processes(session_pid: int, kind: str) -> list[int]:
     """The processes behind an EnvSession: Chromium's (chromedriver's children) for MiniWoB,
-    the task's X applications for the desktop."""
+    the X server for the desktop (an app that ends is the episode's state, scored; the
+    display dying is the machine's crash)."""
     out = []
     for p in psutil.Process(session_pid).children(recursive=True):
         try:
@@ -171,7 +172,7 @@ def _env_processes(session_pid: int, kind: str) -> list[int]:
         except psutil.NoSuchProcess:
             continue
         browser = "chrom" in name and "driver" not in name
-        if (kind == "miniwob" and browser) or (kind == "desktop" and name == "xterm"):
+        if (kind == "miniwob" and browser) or (kind == "desktop" and name == "Xvfb"):
             out.append(p.pid)
     return out
 
@@ -290,7 +291,7 @@ def _task_file(world: World, kind: str) -> Path:
 def test_killing_the_process_behind_a_session_loses_nothing(
     world: World, kind: str, needs: tuple[str, ...]
 ) -> None:
-    """The browser behind a MiniWoB++ session, the X application behind a desktop session:
+    """The browser behind a MiniWoB++ session, the X display behind a desktop session:
     SIGKILLed twice while the run goes; the episode is ABORTED and retried, the session starts
     it again on its next reset, the run publishes new versions, the audit passes."""
     if missing := [b for b in needs if shutil.which(b) is None]:
