@@ -184,6 +184,25 @@ def test_execute_with_verification_answers_when_its_wait_runs_out(srv: Server) -
     assert time.monotonic() - t0 < 10
 
 
+def test_open_file_uses_the_desktops_default_application(srv: Server) -> None:
+    """`/setup/open_file` always opened Mousepad; OSWorld's server opens the desktop's default
+    application for the type (an .xlsx in Calc). Here the user's own association sends CSV
+    to a terminal titled with the file, as a profile's mimeapps.list would send it to Calc."""
+    srv.sh(
+        "mkdir -p ~/.local/share/applications ~/.config && "
+        "printf '[Desktop Entry]\\nType=Application\\nName=T\\nExec=xterm -T %%f\\n' "
+        "> ~/.local/share/applications/term-open.desktop && "
+        "printf '[Default Applications]\\ntext/csv=term-open.desktop\\n' > ~/.config/mimeapps.list && "
+        "printf 'a,b\\n' > ~/numbers.csv && printf '\\0\\1' > ~/blob.unknownext"
+    )
+    r = srv.post("/setup/open_file", json={"path": "~/numbers.csv"})
+    assert r.status_code == 200 and r.json()["status"] == "success", r.text
+    titles = srv.post("/setup/execute", json={"command": "wmctrl -l", "shell": True}).json()
+    assert f"{srv.home()}/numbers.csv" in titles["output"]  # the terminal, not Mousepad
+    r = srv.post("/setup/open_file", json={"path": "~/blob.unknownext"})
+    assert r.status_code == 500 and "no application is the default" in r.json()["message"]
+
+
 def test_run_bash_script_honours_working_dir(srv: Server) -> None:
     srv.sh("mkdir -p ~/work/dir")
     r = srv.post("/run_bash_script", json={"script": "pwd", "working_dir": "~/work/dir"})

@@ -13,6 +13,7 @@ from typing import Any
 
 from PIL import Image
 
+from dart_ray.envs.desktop import mime
 from dart_ray.envs.desktop.machine import Machine
 from dart_ray.envs.desktop.requests import BadRequest, Reply, json_reply
 from dart_ray.envs.desktop.xwindows import XWindows, find
@@ -98,11 +99,24 @@ class SetupSteps:
         return json_reply(reply)
 
     def open_file(self, b: dict[str, Any]) -> Reply:
+        """Open the file with the desktop's default application for its type, as OSWorld's
+        server does (`mime.default_command`: an .xlsx in Calc where LibreOffice is the
+        default), then wait for a window that names it. Text with no default opens in
+        Mousepad, this desktop's editor; another type with none is an error saying so."""
         path = self._path(b.get("path"))
         if not path.exists():
             return json_reply({"status": "error", "message": f"{path} does not exist"}, 404)
-        self.m.launch_app("mousepad", str(path))
-        ok = self.wait_for_window(lambda w: path.name in w.name)
+        argv = mime.default_command(path, self.m.env(), self.m.home)
+        if argv is None and mime.mime_type(path).startswith("text/"):
+            argv = ["mousepad", str(path)]
+        if argv is None:
+            why = f"no application is the default for {mime.mime_type(path)} ({path.name})"
+            return json_reply({"status": "error", "message": why}, 500)
+        try:
+            self.m.launch(argv)  # as the entry says (launch_app would add our xterm flags)
+        except FileNotFoundError as e:
+            return json_reply({"status": "error", "message": str(e)}, 500)
+        ok = self.wait_for_window(lambda w: path.stem.lower() in w.name.lower())
         return json_reply(
             {
                 "status": "success" if ok else "error",
