@@ -282,7 +282,7 @@ HOW: dict[str, How] = {
         ),
     ),
     r"make test-learning": How(
-        "check", _covered("tests/test_learning.py::test_rl_lifts_heldout_success_by_15_points")
+        "check", _covered("tests/test_learning.py::test_the_default_run_lifts_held_out_success")
     ),
     r"dart-ray audit my-run( --live)?( --json)?": How(
         "check",

@@ -5,7 +5,7 @@ set-up lines, the dashboard address, progress bars and the report (no known nois
 unexpected line either).
 
 The default's 8 minutes of RL are cut to 2 versions (at most a minute) here (the learning it shows is the `learning`
-tier's test_default_run_lifts_heldout_success_by_10_points); everything else is the
+tier's test_the_default_run_lifts_held_out_success); everything else is the
 README's command as a new user runs it."""
 
 from __future__ import annotations

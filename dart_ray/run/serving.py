@@ -1,8 +1,11 @@
 """`dart-ray serve`: the policy server alone, for evaluation tools and OpenAI clients.
 
-It starts a local Ray (or joins `cluster.address`), deploys the policy application exactly as
-a run does (`serve_apps.policy.deploy_policy`: the same engine, batching, token and limits,
-from the same `[policy]` section), prints the URL of its OpenAI route and waits. Ctrl-C or
+It starts a local Ray (or joins `cluster.address`) and deploys, from the `[policy]` section:
+with the transformers engine, the policy application exactly as a run does
+(`serve_apps.policy.deploy_policy`: the same engine, batching, token and limits); with
+`--engine vllm`, Ray's own `ray.serve.llm` OpenAI app (`serve_apps/ray_llm.py`: vLLM's OpenAI
+server behind Serve; no bearer token, so on 127.0.0.1 only). It prints the URL of the OpenAI
+route and waits. Ctrl-C or
 SIGTERM ends it, and it removes only what it made: on a Ray of its own, Serve and Ray; joined
 to a cluster, its own application (`--app`), never another (a training run's policy, another
 `dart-ray serve`), and it leaves the cluster up. Alone on Serve, the application takes the
@@ -18,6 +21,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 
 from rich.console import Console
@@ -68,7 +72,11 @@ def serve_policy(
     try:
         _refuse_a_live_name(app)
         _say_what_it_waits_for(config)
-        _, url = deploy_policy(p, p.model_path.resolve(), app)
+        if p.engine == "vllm":  # Ray's own OpenAI app for vLLM (serve_apps/ray_llm.py)
+            url, model_id = _deploy_ray_llm(config, p.model_path.resolve(), app)
+            print(f'ray.serve.llm OpenAI app; clients send "model": {model_id!r}', flush=True)
+        else:
+            _, url = deploy_policy(p, p.model_path.resolve(), app)
         deployed = True
         # after Ray's and Serve's own handlers are installed, so these win
         old = {}
@@ -93,6 +101,22 @@ def serve_policy(
             ray.shutdown()  # a Ray of its own stops; a cluster is only disconnected from
     print("policy server stopped", flush=True)
     return 0
+
+
+def _deploy_ray_llm(config: Config, model_path: Path, app: str) -> tuple[str, str]:
+    """`ray.serve.llm`'s OpenAI app for `model_path` as application `app`; (the URL of its
+    chat route, the model id), once it is running."""
+    from ray import serve
+
+    from serve_apps.policy import policy_url, route_for
+    from serve_apps.ray_llm import build_openai
+
+    p = config.policy
+    application, model_id = build_openai(p, model_path)
+    serve.start(http_options={"host": p.http_host, "port": p.http_port})
+    route = route_for(app)
+    serve.run(application, name=app, route_prefix=route)
+    return policy_url(p, route), model_id
 
 
 def _refuse_a_live_name(app: str) -> None:
