@@ -5,6 +5,8 @@ hold, its output in `<root>/train.log`), the end of that log, a query of its SQL
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -70,3 +72,19 @@ def audit(c: LocalCluster, root: Path, run_id: str) -> subprocess.CompletedProce
         env={**c.env, "PYTHONPATH": str(REPO)},
         timeout=120,
     )
+
+
+def report(summary: dict[str, Any], env_var: str) -> None:
+    """Print a test's measurements as JSON, and write them to the file `$env_var` names (the
+    docs quote those files)."""
+    text = json.dumps(summary, indent=1)
+    print(text)
+    if out := os.environ.get(env_var):
+        Path(out).write_text(text)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the run's process if it is still running (a test's `finally`)."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()

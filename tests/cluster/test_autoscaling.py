@@ -14,7 +14,6 @@ idle) to the node gone."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ import yaml
 from ray.util.state import list_actors, list_nodes
 
 from dart_ray.testing.raycluster import LocalCluster
-from dart_ray.testing.runs import audit, run_log, sql, start_tiny_run
+from dart_ray.testing.runs import audit, report, run_log, sql, start_tiny_run, stop
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -172,10 +171,6 @@ def test_env_nodes_come_when_the_run_asks_and_go_when_it_ends(
             "trajectories": _sql(tmp_path, "SELECT COUNT(*) FROM rollout_run WHERE run_id = :r"),
             "audit": audited.stdout.strip().splitlines()[:3],
         }
-        print(json.dumps(summary, indent=1))
-        if out := os.environ.get("DART_RAY_AUTOSCALING_SUMMARY"):
-            Path(out).write_text(json.dumps(summary, indent=1))
+        report(summary, "DART_RAY_AUTOSCALING_SUMMARY")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        stop(proc)

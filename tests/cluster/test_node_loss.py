@@ -29,7 +29,7 @@ from ray.util.state import list_actors
 
 from dart_ray.store.db import create_engine
 from dart_ray.testing.raycluster import LocalCluster
-from dart_ray.testing.runs import audit, run_log, start_tiny_run
+from dart_ray.testing.runs import audit, report, run_log, start_tiny_run, stop
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -214,10 +214,6 @@ def test_worker_node_killed_mid_run(
             "versions": versions,
             "audit": audited.stdout.strip().splitlines()[:3],
         }
-        print(json.dumps(summary, indent=1))
-        if out := os.environ.get("DART_RAY_NODE_LOSS_SUMMARY"):
-            Path(out).write_text(json.dumps(summary, indent=1))
+        report(summary, "DART_RAY_NODE_LOSS_SUMMARY")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        stop(proc)
