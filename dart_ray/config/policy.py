@@ -25,8 +25,10 @@ def is_loopback(host: str) -> bool:
 class PolicyConfig(Section):
     model_path: Path | None = None
     """Local HF model directory (e.g. UI-TARS-1.5-7B). Unset: build the tiny model locally."""
-    engine: Literal["hf", "vllm"] = "hf"
-    """Inference engine: `hf` (transformers, CPU or GPU) or `vllm`."""
+    engine: Literal["hf", "vllm", "script"] = "hf"
+    """Inference engine: `hf` (transformers, CPU or GPU) or `vllm`; `script` plays written
+    solutions from the JSONL file `model_path` names (`dart_ray.engines.script`: for `dart-ray
+    eval` and `serve`, checking an environment's set-up and evaluator; it has nothing to train)."""
     replicas: int = Field(default=1, ge=1)
     """Policy server replicas (Ray Serve)."""
     temperature: float = Field(default=1.0, ge=0)
@@ -157,6 +159,15 @@ class PolicyConfig(Section):
             raise ValueError(
                 f"policy.temperature = {self.temperature}: vLLM samples at temperatures up to 2 "
                 "(use policy.engine = 'hf' for hotter sampling)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _script_reads_its_step(self) -> PolicyConfig:
+        if self.engine == "script" and self.history_turns < 1:
+            raise ValueError(
+                "policy.engine = 'script' reads its step from the newest response in the "
+                "prompt: policy.history_turns must be at least 1"
             )
         return self
 

@@ -1,4 +1,5 @@
-"""Inference engines behind the policy server: transformers (`hf`) and vLLM (`vllm`)."""
+"""Inference engines behind the policy server: transformers (`hf`), vLLM (`vllm`), and written
+solutions played back (`script`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def make_engine(cfg: PolicyConfig, model_path: str | Path) -> Engine:
     """The engine `cfg.engine` names, loaded from `model_path` (vLLM is imported only here)."""
+    if cfg.engine == "script":
+        from dart_ray.engines.script import ScriptEngine
+
+        return ScriptEngine(Path(model_path), cfg.interrupt_on_update)
     if cfg.engine == "hf":
         from dart_ray.engines.hf import HFEngine
 

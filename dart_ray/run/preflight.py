@@ -90,7 +90,13 @@ def check_local_inputs(config: Config) -> None:
     if config.cluster.address is not None:
         return
     p = config.policy
-    if p.model_path is not None and not (p.model_path / "config.json").is_file():
+    if p.engine == "script":
+        if p.model_path is None or not p.model_path.exists():
+            raise ConfigError(
+                f"policy.engine = 'script' plays the scripts of policy.model_path = "
+                f"{p.model_path}: no such file (a JSONL of instruction, actions)"
+            )
+    elif p.model_path is not None and not (p.model_path / "config.json").is_file():
         raise ConfigError(
             f"policy.model_path = {p.model_path}: no model there (no config.json); build the "
             "tiny one with `dart-ray model init --out DIR`, a warm start with `dart-ray sft "

@@ -185,6 +185,11 @@ def run_root(config: Config) -> Path:
 def start(config: Config) -> Parts:
     """Bring up every part of a run (or of a resumed run). The run is in the log from the
     start; if bringing it up fails, however, the log says FAILED (never RUNNING)."""
+    if config.policy.engine == "script":
+        raise ConfigError(
+            "policy.engine = 'script' plays written solutions: it has no weights to train; use "
+            "it with `dart-ray eval` or `dart-ray serve`"
+        )
     check_local_inputs(config)
     # Actors and train workers run in other working directories: every path they derive
     # from the config (the SQLite log, blobs, checkpoints) must be absolute.

@@ -156,7 +156,7 @@ def add_parser(sub: argparse._SubParsersAction, add_config_args, load) -> None: 
         "serve", help="serve the policy alone (OpenAI route /v1/chat/completions) until Ctrl-C"
     )
     p.add_argument("--model", default=None, help="model folder (default: policy.model_path)")
-    p.add_argument("--engine", choices=("hf", "vllm"), default=None, help="policy.engine")
+    p.add_argument("--engine", choices=("hf", "vllm", "script"), default=None, help="policy.engine")
     p.add_argument("--host", default=None, help="policy.http_host (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="policy.http_port (default 8000)")
     p.add_argument(
