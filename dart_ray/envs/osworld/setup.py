@@ -164,8 +164,11 @@ def _execute(
         cache = options.osworld_cache_dir
         for key, text in (("stdout", out), ("stderr", err)):
             if p.get(key) and cache is not None:  # where OSWorld's getters read them
+                name = str(p[key])
+                if Path(name).name != name or name in (".", ".."):
+                    raise EnvInputError(f"{where}: {key} {name!r} must be a file name")
                 (cache / task_id).mkdir(parents=True, exist_ok=True)
-                (cache / task_id / str(p[key])).write_text(text)
+                (cache / task_id / name).write_text(text)
         if r.get("returncode") not in (0, None):  # OSWorld logs it and goes on
             log.warning("%s: exit %s: %s", where, r.get("returncode"), err[-300:])
         held = (

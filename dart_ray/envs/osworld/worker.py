@@ -293,13 +293,17 @@ def setup(req: dict[str, Any], net: Network) -> dict[str, Any]:
     try:
         os.makedirs(req["cache_dir"], exist_ok=True)
         env = Desktop(req, PythonController, SetupController)
-        env.setup_controller.client_password = str(req.get("client_password") or "")
+        password = str(req.get("client_password") or "")
+        env.setup_controller.client_password = password
         steps = [{"type": s["type"], "parameters": s.get("parameters", {})} for s in steps]
         ok = env.setup_controller.setup(steps, use_proxy=False)
     except Exception as e:  # SetupController raises Exception("Setup step N failed: ...")
         if net.refused:
             return _offline(task, "setup", net)
-        return {"error": f"task {task}: setup: {type(e).__name__}: {e}", "kind": "setup"}
+        why = f"{type(e).__name__}: {e}"
+        if password:  # a failed command may quote itself, the password filled in
+            why = why.replace(password, "***")
+        return {"error": f"task {task}: setup: {why}", "kind": "setup"}
     if net.refused:  # a step that logs a failed request and goes on
         return _offline(task, "setup", net)
     if ok is False:
