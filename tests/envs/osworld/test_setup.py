@@ -97,6 +97,10 @@ def test_execute_fills_placeholders_repeats_until_and_only_logs_an_exit_code(
     run_step(c, options, "t-2", 0, step, Screen(1280, 720, "pw"))
     assert c.sent == [("execute", ["sh", "-c", "echo pw 1280x360"])] * 3
     assert (tmp_path / "t-2" / "out.txt").read_text() == "run 3"
+    # the output file stays in the task's folder
+    outside = {"type": "execute", "parameters": {"command": "true", "stdout": "../../x"}}
+    with pytest.raises(EnvInputError, match="must be a file name"):
+        run_step(c, options, "t-2", 2, outside)
     # a string command without a shell is split, as OSWorld's launch does
     run_step(c, options, "t-2", 1, {"type": "launch", "parameters": {"command": "xterm -e top"}})
     assert c.sent[-1] == ("launch", ["xterm", "-e", "top"])
