@@ -95,11 +95,11 @@ class CuratorCore(StalenessGuard):
         """The trainer's pace and the queue ahead of a new group, for staleness-aware
         admission (`available`: the log's unclaimed rows, which the caller counts;
         `PaceMeter.pace`)."""
-        curated = sum(len(o.trained_rows) for o in self._ready)
-        curated += sum(len(st.rows) for st in self.queue)
+        partners = sum(len(o.trained_rows) for o in self._ready)  # groups awaiting partners
+        curated = partners + sum(len(st.rows) for st in self.queue)
         waiting = available + len(self._claims) - curated
         now = time.monotonic() if now is None else now
-        return self.meter.pace(self.version, waiting, curated, now)
+        return self.meter.pace(self.version, waiting, curated, now, partners)
 
     def _read_lineage(self) -> None:
         if self._lineage is None:

@@ -36,7 +36,7 @@ class PaceMeter:
     def mark(self, now: float, version: int, metrics: CuratorMetrics) -> None:
         self._marks.append((now, version, rows_left(metrics)))
 
-    def pace(self, version: int, waiting: int, curated: int, now: float) -> Pace:
+    def pace(self, version: int, waiting: int, curated: int, now: float, partners: int = 0) -> Pace:
         """The pace over the marks: rows leaving per version, rows handed per version,
         versions per second (counting the time since the newest version, so it falls while
         the trainer stalls) and what is left of the version in training. Before two
@@ -48,4 +48,4 @@ class PaceMeter:
             hpv = (h1 - h0) / (v1 - v0) or self.nominal
             vps = (v1 - v0) / max(now - t0, 1e-9)
             left = max(0.0, 1.0 - (now - t1) * vps)
-        return Pace(version, rpv, vps, waiting, curated, hpv, left)
+        return Pace(version, rpv, vps, waiting, curated, hpv, left, partners)

@@ -64,12 +64,17 @@ class Pace:
     training_left: float = 0.0
     """What is left of the version being trained, in versions (0 to 1): 1 - the time since the
     newest version x `versions_per_s`."""
+    partner_rows: int = 0
+    """Of `curated_rows`, those of curated groups waiting for partners to fill a step: they
+    train only once more groups come."""
 
-    def versions_ahead(self, rows: int) -> float:
-        """Steps (versions) the queue holds up to `rows` more started now behind it."""
+    def versions_ahead(self, rows: int, *, partners: bool = True) -> float:
+        """Steps (versions) the queue holds up to `rows` more started now behind it;
+        `partners=False` leaves out the groups waiting for partners (no step without more)."""
         rpv = max(self.rows_per_version, 1e-9)
         hpv = self.handed_per_version or rpv
-        return self.curated_rows / hpv + (self.waiting_rows + rows) / rpv
+        curated = self.curated_rows - (0 if partners else self.partner_rows)
+        return curated / hpv + (self.waiting_rows + rows) / rpv
 
 
 def expected_lag(pace: Pace, *, running: int, group: int, group_s: float) -> tuple[float, float]:
@@ -96,15 +101,18 @@ def may_open_group(
     still train within the bound. The run never stalls on the gate: a rollouter with nothing
     running may open a group whenever the queue holds less than a version's rows (the trainer
     would wait for data); with more, nothing it opens could train sooner than what waits, and
-    the queue drains as the trainer publishes. Without a pace yet (the curator not
-    reachable), it may.
+    the queue drains as the trainer publishes. Curated groups waiting for partners are not
+    such a version: no step forms without more groups, so counting them held the very group
+    they waited for (the rft arm: curated groups hold only their successes, fewer rows than a
+    step's, and two of its three runs sat 97% of their 8 minutes held). Without a pace yet
+    (the curator not reachable), it may.
 
     Before, nothing running always opened a group: where one group fills every session (the
     default run: 8 sessions, groups of 8) the gate never held at all, and 11% of the default
     run's rollouts went stale in a full queue."""
     if pace is None:
         return True
-    if running == 0 and pace.versions_ahead(logged) < 1.0:
+    if running == 0 and pace.versions_ahead(logged, partners=False) < 1.0:
         return True
     n = max(1, rollouters)
     mine = (running + logged) * n

@@ -426,7 +426,7 @@ def test_the_pace_is_rows_leaving_the_queue_per_version_and_versions_per_second(
     assert pace.version == 1 and pace.rows_per_version == 12.0
     assert pace.versions_per_s == 1 / 20 and pace.handed_per_version == 8.0
     assert pace.training_left == 0.5
-    assert (pace.waiting_rows, pace.curated_rows) == (5, 3)
+    assert (pace.waiting_rows, pace.curated_rows, pace.partner_rows) == (5, 3, 3)
     write_group(log, blobs, "c", 1, [1.0, 0.0, 0.0, 0.0])
     write_group(log, blobs, "d", 1, [1.0, 0.0, 0.0, 0.0])
     t = make_trajectory("e#1/0", task_id="e", reward=1.0, group_id="e#1", group_size=4)
@@ -435,6 +435,7 @@ def test_the_pace_is_rows_leaving_the_queue_per_version_and_versions_per_second(
     core.poll(now=121.0)
     pace = core.pace(available=0, now=121.0)
     assert (pace.waiting_rows, pace.curated_rows) == (2, 3 + 4 + 4)
+    assert pace.partner_rows == 4  # the step of "three" and one group packed; one waits
 
 
 def _states_by_task(engine: Engine) -> dict[str, Counter[int]]:
