@@ -80,8 +80,9 @@ FAILSAFE = True
 
 @dataclass
 class FakeMachine:
-    """What Desktop.run needs of a Machine: the subprocess environment, a home folder, and
-    somewhere to hand the process group of what a command leaves running (nothing here)."""
+    """What Desktop.run needs of a Machine: the subprocess environment, a home folder,
+    somewhere to hand the process group of what a command leaves running (nothing here), and
+    whether its display lives (`/health`, which the client reads after every step)."""
 
     home: Path
     record_to: Path
@@ -97,6 +98,9 @@ class FakeMachine:
 
     def track(self, pgid: int) -> None:
         pass
+
+    def display_alive(self) -> bool:
+        return True  # no X here, and nothing that could die
 
 
 class RecordingDesktop(Desktop):
