@@ -201,7 +201,9 @@ def _eval_parses(cmd: str) -> None:
     """`dart-ray eval` of a run's checkpoint (which a fresh machine has not): the parser
     accepts it; tests/evaluation/test_eval_command.py runs eval on the tiny model."""
     build_parser().parse_args(shlex.split(cmd.replace("<", "").replace(">", ""))[1:])
-    _tested("tests/evaluation/test_eval_command.py::test_eval_lists_a_task_its_env_refused_apart_from_the_rate")
+    _tested(
+        "tests/evaluation/test_eval_command.py::test_eval_lists_a_task_its_env_refused_apart_from_the_rate"
+    )
 
 
 @dataclass(frozen=True)
