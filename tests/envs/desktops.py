@@ -4,15 +4,13 @@ history (the `update_browse_history` step's example)."""
 from __future__ import annotations
 
 import contextlib
-import functools
-import http.server
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from dart_ray.config import EnvConfig
 from dart_ray.envs.osworld.env import LocalDesktopEnv
+from dart_ray.testing.procs import serving
 
 CFG = EnvConfig(kind="desktop", screen_width=800, screen_height=600)
 
@@ -47,10 +45,5 @@ def serving_pages(root: Path) -> Iterator[str]:
     """Base URL of a web server on this machine with pages a.html and b.html under `root`."""
     for name in ("a", "b"):
         (root / f"{name}.html").write_text(f"<title>{name}</title>page {name}")
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    finally:
-        httpd.shutdown()
+    with serving(root) as url:
+        yield url

@@ -4,7 +4,6 @@ installs."""
 
 from __future__ import annotations
 
-import http.server
 import shutil
 import threading
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from dart_ray.envs.base import EnvCrashed, EnvInputError
 from dart_ray.envs.desktop.suite import TASKS, demo, load_desktop_tasks
 from dart_ray.envs.osworld.env import LocalDesktopEnv
 from dart_ray.records import Action, ActionKind, Task
+from dart_ray.testing.procs import alive, serving
 from tests.envs.desktop_demo import demo_actions
 from tests.envs.desktops import CFG, desktop
 
@@ -146,14 +146,8 @@ def test_protocol_endpoints(desk: LocalDesktopEnv, tmp_path: Path) -> None:
     assert tree is not None and {"name": "style.txt", "type": "file"} in tree["children"]
     # download_file from a server on loopback (the network is closed; so is OSWorld's, often)
     (tmp_path / "data.txt").write_text("from the web")
-    handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(tmp_path))  # noqa: E731
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{srv.server_address[1]}/data.txt"
-        c.setup("download_file", {"url": url, "path": "~/Documents/data.txt"})
-    finally:
-        srv.shutdown()
+    with serving(tmp_path) as base:
+        c.setup("download_file", {"url": f"{base}/data.txt", "path": "~/Documents/data.txt"})
     assert c.file("~/Documents/data.txt") == b"from the web"
     c.setup("close_window", {"window_name": "style.txt"})
     c.setup("launch", {"command": ["xterm"], "timeout": 30})
@@ -212,8 +206,8 @@ def test_a_dead_server_is_a_crash_and_leaves_nothing_behind() -> None:
         env.reset(load_desktop_tasks()[0])
     assert not env.healthy()
     env.close()
-    _gone, alive = psutil.wait_procs(_live(orphans), timeout=5)
-    assert not alive
+    _gone, left = psutil.wait_procs(alive(orphans), timeout=5)
+    assert not left
 
 
 @pytest.mark.usefixtures("ray_local")
@@ -274,8 +268,8 @@ def test_a_killed_app_is_scored_a_dead_display_or_frozen_server_aborted() -> Non
         os.kill(frozen[0], signal.SIGSTOP)
         with pytest.raises(EnvAborted, match="did not answer"):
             ray.get(s.step.remote(Action(ActionKind.WAIT)))
-        _, alive = psutil.wait_procs(_live(frozen), timeout=10)
-        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+        _, left = psutil.wait_procs(alive(frozen), timeout=10)
+        assert not [p for p in left if p.status() != psutil.STATUS_ZOMBIE]
         assert solve(tasks["term-create-file"]) == 1.0
         st = ray.get(s.stats.remote())
         assert (st.aborted, st.recreations) == (2, 2)
@@ -312,17 +306,6 @@ def test_emulator_pool_leases_a_fresh_desktop_per_reset(monkeypatch: pytest.Monk
         env.close()
         pool.close()
         server.shutdown()
-
-
-def _live(pids: list[int]) -> list[psutil.Process]:
-    """The processes among `pids` that still exist."""
-    out = []
-    for pid in pids:
-        try:
-            out.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            continue
-    return out
 
 
 def test_configured_apps_start_fresh_on_every_reset() -> None:

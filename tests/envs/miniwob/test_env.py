@@ -21,6 +21,7 @@ import ray
 from dart_ray.config import EnvConfig, MiniWobOptions
 from dart_ray.envs.base import EnvAborted, EnvInputError
 from dart_ray.records import Action, ActionKind, Observation, Status, Task
+from dart_ray.testing.procs import alive
 
 pytest.importorskip("miniwob", reason="needs the browser extra")
 from dart_ray.envs.miniwob.env import MiniWobEnv
@@ -213,8 +214,8 @@ def test_session_recovers_from_a_killed_and_a_frozen_browser() -> None:
         with pytest.raises(EnvAborted, match="timed out after 5s"):
             ray.get(s.step.remote(_click(_find(_els(obs)[1], "button"))))
         # SIGKILL reaches stopped processes too; give the kernel a moment to reap them
-        _, alive = psutil.wait_procs(_live(frozen), timeout=10)
-        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+        _, left = psutil.wait_procs(alive(frozen), timeout=10)
+        assert not [p for p in left if p.status() != psutil.STATUS_ZOMBIE]
         obs = ray.get(s.reset.remote(_task("click-test", 10)))
         ray.get(s.step.remote(_click(_find(_els(obs)[1], "button"))))
         assert ray.get(s.evaluate.remote()) > 0.99
@@ -417,17 +418,6 @@ def test_a_very_long_type_is_the_models_failed_step_not_an_aborted_episode() -> 
         assert (st.aborted, st.recreations) == (0, 0)
     finally:
         session.close()
-
-
-def _live(pids: list[int]) -> list[psutil.Process]:
-    """The processes among `pids` that still exist."""
-    out = []
-    for pid in pids:
-        try:
-            out.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            continue
-    return out
 
 
 def test_another_page_reuses_the_browser(env: MiniWobEnv) -> None:

@@ -21,7 +21,6 @@ credentials. `tidy_desktop`, `act` and `replay` raise NotImplementedError in OSW
 from __future__ import annotations
 
 import base64
-import http.server
 import io
 import json
 import os
@@ -29,7 +28,6 @@ import shutil
 import socket
 import sqlite3
 import subprocess
-import threading
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
@@ -42,6 +40,7 @@ from PIL import Image
 
 from dart_ray.envs.desktop.spawn import spawn_server
 from dart_ray.envs.osworld.chrome_history import CHROMIUMS, make_history_template
+from dart_ray.testing.procs import serving
 from tests.envs.desktops import serving_pages, two_visits
 from tests.envs.osworld.venv import VENV, has_venv
 
@@ -295,14 +294,10 @@ def test_setup_files(osw: OSWorldClient, desk: Desk, tmp_path: Path) -> None:
     # download: OSWorld's client fetches the URL itself (here a server on this machine), then
     # uploads it
     (tmp_path / "served.txt").write_text("served here")
-    handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(tmp_path))  # noqa: E731
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{httpd.server_address[1]}/served.txt"
-        osw.setup("download", files=[{"url": url, "path": "~/Downloads/served.txt"}])
-    finally:
-        httpd.shutdown()
+    with serving(tmp_path) as base:
+        osw.setup(
+            "download", files=[{"url": f"{base}/served.txt", "path": "~/Downloads/served.txt"}]
+        )
     assert desk.sh("cat ~/Downloads/served.txt") == "served here"
 
 
