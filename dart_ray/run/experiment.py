@@ -352,6 +352,7 @@ def run_experiment(spec: ExperimentSpec, out: Path, resume: bool = False) -> dic
             rec = run_one(spec, arm, seed, sft_minutes)
             config = load_config(spec.config, spec.run_overrides(arm, seed, rec["run_id"]))
             rec["scores"] = {s: _score(config, Path(rec["model"]), s) for s in spec.splits}
+            rec["commit"], rec["dirty"] = commit, dirty  # a resumed file mixes commits
             runs.append(rec)
             summarise(result)
             result["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
