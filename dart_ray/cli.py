@@ -29,6 +29,7 @@ from rich.table import Table
 from dart_ray.config import Config, ConfigError, load_config, reference_markdown, resolved_docs
 from dart_ray.config.masking import install_log_masking
 from dart_ray.envs.base import EnvInputError
+from dart_ray.reporting.plain import plain_streams
 from dart_ray.store import StoreError, open_store
 from dart_ray.store.runs import get_run, latest_run
 
@@ -372,6 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     install_log_masking()  # URL passwords and secrets this process reads never reach a log
     if not sys.stdout.isatty():  # a job's log, a file: Ray's coloured worker prefixes would
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # be escape codes in the text
+    plain_streams()  # and so would the colours it writes whatever the stream
     args = parse_args(argv)
     if not args.verbose:
         quiet_third_party()

@@ -219,6 +219,14 @@ def _cli_parses(cmd: str) -> None:
     load_config(REPO / args.config)
 
 
+def _pinned_tasks(cmd: str) -> None:
+    """Fetching OSWorld's task files (GitHub is not reachable here): the docs name the source
+    and commit the code pins."""
+    from dart_ray.envs.osworld.tasks import TASKS_COMMIT, TASKS_REPOSITORY
+
+    assert TASKS_REPOSITORY in cmd or TASKS_COMMIT in cmd, cmd
+
+
 HOW: dict[str, How] = {
     # run as written
     r"dart-ray config show( --docs)?( --config configs/[\w.-]+\.toml)?": How("run"),
@@ -273,6 +281,9 @@ HOW: dict[str, How] = {
         _covered(
             "tests/envs/osworld/test_apps.py::test_osworlds_evaluator_scores_0_before_and_1_after_the_solution"
         ),
+    ),
+    r"git clone \S+/OSWorld \.\./OSWorld|git -C \.\./OSWorld checkout [0-9a-f]{40}": How(
+        "check", _pinned_tasks
     ),
     r"make osworld-venv": How(
         "check", _covered("tests/envs/osworld/test_official.py::test_osworld_semantics")

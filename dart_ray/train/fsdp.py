@@ -8,6 +8,8 @@ group is gloo, on GPU NCCL: the code is the same.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (
@@ -41,6 +43,14 @@ def shard_model(model: torch.nn.Module, device_type: str = "cpu") -> torch.nn.Mo
     process group, only the move."""
     if not dist.is_initialized():
         return model.to(device_type)
+    # FSDP2 warns, at every forward, that the root module returned a view tensor (Qwen2.5-VL's
+    # output carries views, e.g. of the image features) because an in-place op on such a view
+    # would skip FSDP's pre-backward hook. Nothing here writes into the model's outputs in
+    # place: `score_responses` (train/forward.py) only gathers out of `out.logits`. The
+    # warning says nothing to an operator, once per step in the job's log.
+    warnings.filterwarnings(
+        "ignore", message=r"FSDP2-wrapped module .* returned a view tensor", category=UserWarning
+    )
     mesh = init_device_mesh(device_type, (dist.get_world_size(),))
     for block in blocks(model):
         fully_shard(block, mesh=mesh)

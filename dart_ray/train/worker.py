@@ -192,15 +192,22 @@ def _build(job: TrainJob) -> tuple[torch.nn.Module, Learner]:
     return model, learner
 
 
+def quiet_train_reports() -> None:
+    """Ray Train logs every `ray.train.report` at INFO with the whole dict ("Reporting training
+    result ..."), a ~1,000-character line per step in the job's log; the run's own progress
+    lines and report say the same, so that logger keeps its warnings only. Ray names it by
+    its file (`logging.getLogger(__file__)`), not its module: the logger is the module's."""
+    from ray.train.v2._internal.execution import context
+
+    context.logger.setLevel(logging.WARNING)
+
+
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     """Entry point for `ray.train.torch.TorchTrainer`."""
     job: TrainJob = loop_config["job"]
     c = job.config
     rank = _rank()
-    # Ray Train logs every `ray.train.report` at INFO with the whole dict ("Reporting training
-    # result ..."), a line per step in the job's log; the run's own progress lines and
-    # report say the same, so that logger keeps its warnings only
-    logging.getLogger("ray.train.v2._internal.execution.context").setLevel(logging.WARNING)
+    quiet_train_reports()
     torch.manual_seed(c.run.seed)
     model, learner = _build(job)
     curator = ray.get_actor(job.curator, namespace=job.namespace)

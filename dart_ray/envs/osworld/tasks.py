@@ -20,6 +20,12 @@ from pathlib import Path
 from dart_ray.envs.osworld.env import task_from_json
 from dart_ray.records import Task
 
+# Where our OSWorld task files come from (docs/ENVIRONMENTS.md, "Coverage"): OSWorld's own
+# repository is not reachable from our machines; this fork's `evaluation_examples` has the
+# same `test_all.json` (369 tasks, the same count per domain), unchanged since this commit.
+TASKS_REPOSITORY = "https://github.com/pkueecszc/OSWorld"
+TASKS_COMMIT = "be0b6285d58df9e12bc3d67238642ec177c6fd40"
+
 
 def iter_tasks(examples: Path, index: Path, env: str, split: str) -> Iterator[Task]:
     """The tasks an index names, read from `examples/examples/<domain>/<id>.json`."""
