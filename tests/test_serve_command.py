@@ -48,7 +48,8 @@ def _wait_for_url(proc: subprocess.Popen[str], log: Path, timeout_s: float = 240
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for line in log.read_text().splitlines():
-            if " at http://" in line:
+            # the command's own line; Ray's "View the dashboard at http://..." is another
+            if line.startswith("policy server (") and " at http://" in line:
                 return line.rsplit(" at ", 1)[1]
         assert proc.poll() is None, f"dart-ray serve exited {proc.returncode}:\n{log.read_text()}"
         time.sleep(0.5)
