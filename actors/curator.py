@@ -15,7 +15,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import asdict, dataclass
+from collections import Counter
+from dataclasses import asdict, dataclass, fields
 
 import pyarrow as pa
 import ray
@@ -296,9 +297,11 @@ class Curator:
 
     def _metrics(self) -> dict[str, object]:
         m = asdict(self.core.metrics)
-        m["dropped"] = dict(self.core.metrics.dropped)
-        m["stale_at"] = dict(self.core.metrics.stale_at)
-        m["staleness"] = dict(self.core.metrics.staleness)
+        # asdict rebuilds a Counter from its (key, count) pairs, which a Counter counts as
+        # keys: every Counter field is read back as the plain dict it is
+        for f in fields(self.core.metrics):
+            if isinstance(c := getattr(self.core.metrics, f.name), Counter):
+                m[f.name] = dict(c)
         m["in_flight_steps"] = len(self.core.in_flight)
         m["steps_handed"] = self.core.steps_handed
         return m

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from collections import Counter
@@ -224,5 +225,37 @@ def test_settle_claims_a_round_larger_than_the_held_row_bound(tmp_path: Path) ->
     assert ray.get(cur.settle.remote(timeout_s=10)) == 1
     shard, info = ray.get(cur.get_shard.remote(1, 0, 0, timeout_s=60))
     assert info.num_groups == 3 and info.num_rows == 12 and shard.num_rows == info.num_samples
+    ray.kill(cur)
+    store.dispose()
+
+
+def test_metrics_of_a_curator_that_quarantined_rows_are_plain_counts(tmp_path: Path) -> None:
+    """A group whose curation raises (a step without response tokens) is quarantined, and the
+    actor's metrics say so by reason. Before, `metrics()` passed the core's Counter through
+    `asdict`, which rebuilt it from its (reason, count) pairs: {("curation", 4): 1}, and the
+    run's report.json failed to write at the end of the seeded fault schedule."""
+    from dataclasses import replace
+
+    from tests.factories import make_trajectory
+
+    cfg, store = setup(tmp_path, "curation.groups_per_step=1")
+    items = []
+    for i in range(4):
+        t = make_trajectory(
+            f"poison#0/{i}", task_id="poison", reward=float(i % 2), group_id="poison#0",
+            group_size=4,
+        )  # fmt: skip
+        if i == 0:
+            bad = replace(t.steps[0], response_ids=(), behaviour_logprobs=(), entropy=())
+            t = replace(t, steps=(bad, *t.steps[1:]))
+        items.append((t, store.blobs.write(t)))
+    store.log.append_many(items)
+    write_group(store.log, store.blobs, "good", 0, [1.0, 0.0, 0.0, 0.0])
+    cur = Curator.remote(cfg, "run-a", 1, 0.05)  # type: ignore[attr-defined]
+    shard, _ = ray.get(cur.get_shard.remote(1, 0, 0, timeout_s=60))
+    assert set(shard.column("trajectory_id").to_pylist()) <= {f"good#0/{i}" for i in range(4)}
+    m = ray.get(cur.metrics.remote())
+    assert m["quarantined"] == {"curation": 4}
+    assert json.loads(json.dumps(m))["quarantined"] == {"curation": 4}  # report.json's way
     ray.kill(cur)
     store.dispose()
