@@ -269,3 +269,38 @@ def test_quarantined_rows_are_accounted_for_with_their_reason(
         )
     r = audit(engine, RUN)
     assert not r.ok and "without a reason" in r.breaches[0]
+
+
+def test_a_row_beyond_the_bound_stays_a_breach_after_a_later_resume(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """Bound 3. Durable v5 trained a version-0 row (5 behind: a breach). Later a resume from v6
+    discarded v7 and v8 and published v6's weights again as v9. The row trained before that
+    resume: its lag is 5 still. Before, the audit moved it by the later block (0 -> 3) and
+    read 2 behind: the seeded fault schedule's audit counted rows -14 to -1 behind, and a
+    breach before any resume could pass unseen."""
+    import json
+
+    store = _Store(engine, tmp_path)
+    register_run(engine, RUN, "t", {"curation": {"max_staleness": 3}})
+    t = make_trajectory("old", version=0)
+    store.log.append(t, store.blobs.write(t))
+    claim = store.log.claim(RUN, 10, consumer="c", lease_s=60)
+    rid = claim.rows[0].id
+    for v in range(1, 5):
+        store.checkpoints.create(RUN, v)
+    cid = store.checkpoints.create(RUN, 5)
+    store.checkpoints.start(cid)
+    d = tmp_path / "v5"
+    d.mkdir()
+    state = {"step": 1, "version": 5, "rows": [rid], "trained_at": {"5": [rid]}}
+    (d / "trainer_state.json").write_text(json.dumps(state))
+    store.checkpoints.complete(cid, str(d))
+    store.log.ack(claim, in_version=5)
+    for v in (6, 7, 8):
+        store.checkpoints.create(RUN, v)
+    assert store.checkpoints.discard_above(RUN, 6, "resumed from v6") == [7, 8]
+    store.checkpoints.create(RUN, 9)
+    r = audit(engine, RUN)
+    assert r.trained_lags == {5: 1}
+    assert r.breaches == [f"rows trained beyond the staleness bound (3): {rid} (1)"]

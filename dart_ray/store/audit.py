@@ -18,7 +18,8 @@ Read-only. Every check is a query over the run's rows in `episode_start`, `rollo
   weights that trained each row, and that version minus the row's must be at most the run's
   `curation.max_staleness` (`trained_lags` counts rows by that lag); a row of a DISCARDED
   version (weights lost to a resume) counts by its distance through the version tree
-  (`Lineage.effective`), not its tag.
+  (`Lineage.effective`), not its tag, as the tree was when the row trained (a later resume
+  does not move it).
 
 Rows still CLAIMED are reported, not counted as breaches: their lease returns them to the pool.
 """
@@ -236,7 +237,7 @@ def _staleness_breaches(
             for rid in rids:
                 if rid not in version:
                     continue
-                lag = int(v) - lineage.effective(version[rid])
+                lag = int(v) - lineage.effective(version[rid], at=int(v))  # as it was then
                 lags[lag] += 1
                 if r.max_staleness is not None and lag > r.max_staleness:
                     beyond.append(rid)

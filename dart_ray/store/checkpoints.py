@@ -57,8 +57,9 @@ class Lineage:
     """Versions whose weights are gone (a trainer resumed from an older durable checkpoint):
     their tags no longer say how far their samples are from the weights being trained."""
 
-    def effective(self, version: int) -> int:
-        """The version a sample of `version` is as far from as the lineage goes.
+    def effective(self, version: int, at: int | None = None) -> int:
+        """The version a sample of `version` is as far from as the lineage goes (`at`: as it
+        went when the weights of version `at` trained the sample; by default, as it goes now).
 
         A block of discarded versions D+1..M branched off the durable vD; the resumed trainer
         published vD's weights again as v(M+1) and trains on from there. So a sample of vD
@@ -68,8 +69,9 @@ class Lineage:
         Each later resume above it shifts it again, by that block's M + 1 - D. Staleness
         (and the audit) judge a sample by this: a dead branch's tag never passes as fresh,
         and the durable version's samples are not judged as far as the discarded versions
-        above it made their tag look."""
-        blocks = self._blocks()
+        above it made their tag look. A resume after `at` (its block's M + 1 > `at`) had not
+        happened yet for a sample trained at `at`, and does not move it."""
+        blocks = [(d, m) for d, m in self._blocks() if at is None or m + 1 <= at]
         eff, top = version, version
         for d, m in blocks:  # a discarded version: where its branch joins the lineage
             if d < version <= m:

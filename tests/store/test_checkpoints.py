@@ -92,3 +92,7 @@ def test_a_discarded_version_counts_by_its_distance_through_the_version_tree() -
 
     lin = Lineage(newest=10, discarded=frozenset({3, 4, 8}))
     assert [lin.effective(v) for v in range(1, 11)] == [6, 7, 6, 5, 7, 8, 9, 8, 9, 10]
+    # as the lineage went when v5 trained (the resume to v9 had not happened): v2's samples
+    # are 0 behind v5, the discarded v3 and v4 are where their branch put them
+    assert [lin.effective(v, at=5) for v in range(1, 6)] == [4, 5, 4, 3, 5]
+    assert [lin.effective(v, at=2) for v in range(1, 3)] == [1, 2]
