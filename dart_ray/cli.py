@@ -369,10 +369,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+SERVE_QUEUE_PROBE_DEADLINES = {
+    "RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S": "1.0",
+    "RAY_SERVE_MAX_QUEUE_LENGTH_RESPONSE_DEADLINE_S": "5.0",
+}
+"""How long Serve's router waits for a replica to say its queue length before it routes.
+Serve's 0.1 s (backing off to 1 s) suits a replica whose event loop is free; a CPU engine's
+replica generates in the same process, and on a machine whose cores the run keeps busy its
+answer takes longer, so the router logged "Failed to get queue length ... high network
+latency" (a `make run` on a 2-core machine did). The router reads these when `ray.serve` is
+first imported, in the driver and in every worker the local Ray starts (they inherit the
+driver's environment); a cluster's job sets them in cluster/jobs/runtime-env.yaml. Set either
+in the environment to override."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     install_log_masking()  # URL passwords and secrets this process reads never reach a log
     if not sys.stdout.isatty():  # a job's log, a file: Ray's coloured worker prefixes would
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # be escape codes in the text
+    for name, seconds in SERVE_QUEUE_PROBE_DEADLINES.items():
+        os.environ.setdefault(name, seconds)
     plain_streams()  # and so would the colours it writes whatever the stream
     args = parse_args(argv)
     if not args.verbose:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import logging
+import subprocess
 import sys
 
 import pytest
@@ -59,3 +60,23 @@ def test_plain_streams_wraps_files_and_leaves_terminals(monkeypatch: pytest.Monk
     assert sys.stderr is tty
     print("\x1b[32mgreen\x1b[0m")
     assert file.getvalue() == "green\n"
+
+
+def test_serve_router_waits_for_a_busy_cpu_replica() -> None:
+    """A `make run` on a 2-core machine logged Serve's "Failed to get queue length ... within
+    0.1s ... high network latency": the router's probe deadline is read when `ray.serve` is
+    first imported, so the CLI sets it before anything imports Ray (and the workers of its local
+    Ray inherit it)."""
+    code = (
+        "import os\n"
+        "for k in [k for k in os.environ if k.startswith('RAY_SERVE_')]: del os.environ[k]\n"
+        "from dart_ray.cli import main\n"
+        "main(['config', 'show'])\n"
+        "from ray.serve._private.request_router.request_router import RequestRouter as R\n"
+        "print('deadlines', R.queue_len_response_deadline_s, R.max_queue_len_response_deadline_s)"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    line = next(ln for ln in p.stdout.splitlines() if ln.startswith("deadlines "))
+    first, most = map(float, line.split()[1:])
+    assert first >= 1.0 and most >= 5.0
