@@ -108,6 +108,12 @@ class DesktopOptions(Section):
     """Environment variable holding the desktop user's password, which OSWorld's set-up puts
     for `{CLIENT_PASSWORD}` in a task's commands (`echo {CLIENT_PASSWORD} | sudo -S ...`).
     Unset: empty, which is enough for the OSWorld profile's user (passwordless sudo)."""
+    evaluator_workers: int = Field(default=2, ge=0)
+    """With `evaluator = "osworld"` in a run's sessions: worker processes of OSWorld's
+    evaluator (~350 MB each) that all sessions of a node share, held by one Ray actor per node
+    (`actors/osworld_evaluator.py`); a session waits for a free one to set up or score a task.
+    0: a worker per session, in the session's own process (what an environment outside Ray,
+    as in `dart-ray eval` without `--ray`, always does)."""
     osworld_cache_dir: Path | None = None
     """OSWorld's cache folder (`<dir>/<task id>/<file>`): files a task's `cloud_file` getter
     names that are already here are read instead of downloaded, so such tasks score offline.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from pathlib import Path
 
 from dart_ray.config import Config
@@ -102,8 +103,17 @@ def _suite(config: Config, suite: str) -> list[Task]:
 
 
 def run_eval(
-    config: Config, checkpoint: Path, suite: str, n_tasks: int = 0, samples: int = 1
+    config: Config,
+    checkpoint: Path,
+    suite: str,
+    n_tasks: int = 0,
+    samples: int = 1,
+    on_ray: bool = False,
 ) -> EvalResult:
+    """The suite's success rate. `on_ray`: the environments are EnvSession actors on Ray
+    (a local Ray of this command's own, or `cluster.address`), as in a run: placed by the
+    `env` resource, restarted on a crash, a node's OSWorld evaluator shared; the model stays
+    in this process either way."""
     tasks = _suite(config, suite)
     if n_tasks:
         tasks = tasks[:n_tasks]
@@ -117,6 +127,9 @@ def run_eval(
         history_turns=p.history_turns,
         on_invalid=config.rollout.on_invalid_action,
     )
+
+    if on_ray:
+        return _on_ray(config, tasks, LocalPolicy(engine, defaults), settings, samples)
 
     async def go() -> EvalResult:
         sessions = [LocalSession(config) for _ in range(max(1, min(config.env.num_sessions, 4)))]
@@ -135,3 +148,36 @@ def run_eval(
                 await s.close()
 
     return asyncio.run(go())
+
+
+def _on_ray(
+    config: Config,
+    tasks: list[Task],
+    policy: LocalPolicy,
+    settings: EpisodeSettings,
+    samples: int,
+) -> EvalResult:
+    import ray
+
+    from actors.env_host import actors_of, start_sessions
+    from dart_ray.run.preflight import start_ray
+
+    started = not ray.is_initialized()
+    start_ray(config, log_to_driver=False)
+    sessions = start_sessions(config.env, prefix=f"eval-{os.getpid()}")
+    try:
+        return asyncio.run(
+            evaluate(
+                sessions,
+                policy,
+                tasks,
+                settings,
+                samples=samples,
+                success_threshold=config.rollout.success_threshold,
+            )
+        )
+    finally:
+        for a in actors_of(sessions):
+            ray.kill(a)
+        if started:
+            ray.shutdown()

@@ -213,6 +213,12 @@ def add_sft_eval(sub: argparse._SubParsersAction, add_config_args, load) -> None
     e.add_argument("--tasks", type=int, default=0, help="evaluate the first N tasks (0: all)")
     e.add_argument("--samples", type=int, default=1, help="episodes per task (pass@k)")
     e.add_argument("--json", type=Path, default=None, help="also write the result here")
+    e.add_argument(
+        "--ray",
+        action="store_true",
+        help="run the environments as EnvSession actors on Ray, as a run does (a local Ray, "
+        "or cluster.address); the model stays in this process",
+    )
     add_config_args(e)
 
     def eval_fn(args: argparse.Namespace, out: Console) -> int:
@@ -221,7 +227,7 @@ def add_sft_eval(sub: argparse._SubParsersAction, add_config_args, load) -> None
         from dart_ray.evaluation.local import run_eval
 
         cfg = load(args)
-        res = run_eval(cfg, args.checkpoint, args.suite, args.tasks, args.samples)
+        res = run_eval(cfg, args.checkpoint, args.suite, args.tasks, args.samples, args.ray)
         title = f"{args.checkpoint} on {args.suite}, {res.sampling}"
         t = Table("task", "episodes", "success", title=title)
         for task_id, rewards in sorted(res.per_task.items()):

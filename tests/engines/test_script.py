@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -66,6 +67,35 @@ def test_eval_with_the_solution_scores_1_and_with_an_empty_script_0(
 ) -> None:
     """`dart-ray eval` with the script engine, through the same episodes as a model: the
     oracle's click written as a script solves each task, an empty script solves none."""
+    _solved_and_empty(tmp_path, monkeypatch, [])
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_eval_on_ray_plays_in_env_session_actors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`dart-ray eval --ray`: the same, with the environments in EnvSession actors."""
+    import ray
+
+    from actors import env_host
+
+    started: list[object] = []
+    real = env_host.start_sessions
+
+    def spy(*args: object, **kwargs: object) -> list[object]:
+        started.extend(real(*args, **kwargs))  # type: ignore[arg-type]
+        return started[-2:]
+
+    monkeypatch.setattr("actors.env_host.start_sessions", spy)
+    _solved_and_empty(tmp_path, monkeypatch, ["--ray", "env.num_sessions=2"])
+    assert len(started) == 4  # two EnvSession actors for each of the two evaluations
+    assert all(isinstance(s, ray.actor.ActorHandle) for s in started)
+    time.sleep(1.0)  # the killed sessions leave the list
+    alive = ray.util.list_named_actors(all_namespaces=True)  # the named actors still alive
+    assert not [a for a in alive if a["name"].startswith("eval-")]  # none left over
+
+
+def _solved_and_empty(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: list[str]) -> None:
     tasks = [make_task("click-button", 1, 3), make_task("click-button", 1, 11)]
     assert tasks[0].instruction != tasks[1].instruction
     solutions = []
@@ -88,7 +118,8 @@ def test_eval_with_the_solution_scores_1_and_with_an_empty_script_0(
         argv = ["eval", "--checkpoint", str(scripts), "--suite", str(suite), "--json", str(out)]
         with monkeypatch.context() as m:
             m.chdir(REPO)  # where the command finds configs/default.toml, as a user runs it
-            assert main([*argv, "policy.engine='script'", f"run.root_dir={tmp_path}"]) == 0
+            overrides = ["policy.engine='script'", f"run.root_dir={tmp_path}"]
+            assert main([*argv, *extra, *overrides]) == 0
         summary = json.loads(out.read_text())
         assert summary["tasks"] == 2 and summary["success"] == want, summary
 

@@ -53,7 +53,7 @@ from dart_ray.envs.base import (
 from dart_ray.envs.osworld import ours
 from dart_ray.envs.osworld.chrome import history_template
 from dart_ray.envs.osworld.client import EmulatorPool, EnvProtocolError, OSWorldClient
-from dart_ray.envs.osworld.official import OSWorldEvaluator
+from dart_ray.envs.osworld.official import Evaluator, OSWorldEvaluator
 from dart_ray.envs.osworld.setup import Screen, run_step
 from dart_ray.envs.pyautogui_code import DONE, FAIL, WAIT, UnsafeAction, to_code
 from dart_ray.envs.taskfile import TaskFileError, check_task_id
@@ -90,7 +90,7 @@ class OSWorldEnv(Env):
         self.last_action: str | None = None
         self._done = False
         self._has_health_endpoint = True
-        self._official: OSWorldEvaluator | None = None
+        self._official: Evaluator | None = None
 
     def _client(self, url: str) -> OSWorldClient:
         return OSWorldClient(url, self.token, self.options.request_timeout_s)
@@ -170,13 +170,20 @@ class OSWorldEnv(Env):
         screen = (self.config.screen_width, self.config.screen_height)
         official.setup(task, steps, c.base, self.token, screen, client_password=self.password)
 
-    def _osworld(self) -> OSWorldEvaluator:
+    def _osworld(self) -> Evaluator:
+        """The node's shared evaluator where a session in Ray has one (`shared_evaluator`),
+        else a worker of this environment's own."""
         if self._official is None:
-            self._official = OSWorldEvaluator(
-                self.options.osworld_venv,
-                self.options.osworld_cache_dir,
-                chromium_port=self.options.chromium_port,
-            )
+            if self.options.evaluator_workers > 0 and _in_ray():
+                from actors.osworld_evaluator import NodeEvaluator
+
+                self._official = NodeEvaluator(self.options)
+            else:
+                self._official = OSWorldEvaluator(
+                    self.options.osworld_venv,
+                    self.options.osworld_cache_dir,
+                    chromium_port=self.options.chromium_port,
+                )
         return self._official
 
     def healthy(self) -> bool:
@@ -352,3 +359,11 @@ def task_from_json(d: dict[str, Any], env: str = "desktop", split: str = "train"
             raise TaskFileError(f"{where}: {key}: must be {name}")
     cfg = {k: d[k] for k in ("config", "evaluator", "apps") if k in d}
     return Task(d["id"], d["instruction"], env, json.loads(json.dumps(cfg)), split)
+
+
+def _in_ray() -> bool:
+    """Whether this process is a Ray actor's or driver's with Ray started (the sessions of a
+    run, `dart-ray eval --ray`), where a node's sessions share one evaluator."""
+    import ray
+
+    return ray.is_initialized()

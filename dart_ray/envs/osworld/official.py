@@ -20,14 +20,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import shutil
 import signal
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any, Protocol, TypeVar
 
 from dart_ray.envs.base import EnvCrashed, EnvInputError
 from dart_ray.records import Task
@@ -104,6 +105,34 @@ def read_score(task_id: str, line: str) -> float:
     if not isinstance(score, int | float) or isinstance(score, bool):
         raise OSWorldWorkerCrashed(f"task {task_id}: OSWorld's evaluator answered {answer}")
     return float(score)
+
+
+class Evaluator(Protocol):
+    """What an OSWorld environment asks of OSWorld's code: a worker of its own
+    (OSWorldEvaluator), or its node's shared pool (`actors.osworld_evaluator.NodeEvaluator`)."""
+
+    cache: Path
+
+    def evaluate(
+        self,
+        task: Task,
+        server_url: str,
+        token: str | None,
+        last_action: str | None,
+        screen: tuple[int, int] = ...,
+    ) -> float: ...
+
+    def setup(
+        self,
+        task: Task,
+        steps: list[Any],
+        server_url: str,
+        token: str | None,
+        screen: tuple[int, int] = ...,
+        client_password: str = ...,
+    ) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class OSWorldEvaluator:
@@ -273,6 +302,75 @@ class OSWorldEvaluator:
             _kill(self.proc)  # unblocks the evaluation holding the lock
         with self._lock:
             self._stop()
+        if self._own_cache:
+            shutil.rmtree(self.cache, ignore_errors=True)
+
+
+class EvaluatorPool:
+    """`size` OSWorldEvaluator workers behind one call: each request borrows a free worker
+    (waiting for one while all are busy), so the sessions of a node share a few ~350 MB
+    evaluator processes instead of holding one each. Workers start on first use; a crashed
+    one is started afresh by its next request, as OSWorldEvaluator does. One cache folder
+    (`cache_dir` or a temporary one) serves every worker: OSWorld lays it out per task."""
+
+    def __init__(
+        self,
+        venv: Path,
+        size: int,
+        cache_dir: Path | None = None,
+        timeout_s: float = 300.0,
+        chromium_port: int = 9222,
+    ):
+        if size < 1:
+            raise ValueError(f"an evaluator pool needs at least one worker, got {size}")
+        self._own_cache = cache_dir is None
+        self.cache = cache_dir or Path(tempfile.mkdtemp(prefix="dart-osworld-cache-"))
+        self.timeout_s = timeout_s
+        self.workers = [
+            OSWorldEvaluator(venv, self.cache, timeout_s, chromium_port) for _ in range(size)
+        ]
+        self._free: queue.SimpleQueue[OSWorldEvaluator] = queue.SimpleQueue()
+        for w in self.workers:
+            self._free.put(w)
+
+    @contextlib.contextmanager
+    def _borrowed(self) -> Iterator[OSWorldEvaluator]:
+        worker = self._free.get()
+        try:
+            yield worker
+        finally:
+            self._free.put(worker)
+
+    def evaluate(
+        self,
+        task: Task,
+        server_url: str,
+        token: str | None,
+        last_action: str | None,
+        screen: tuple[int, int] = (1920, 1080),
+    ) -> float:
+        with self._borrowed() as w:
+            return w.evaluate(task, server_url, token, last_action, screen)
+
+    def setup(
+        self,
+        task: Task,
+        steps: list[Any],
+        server_url: str,
+        token: str | None,
+        screen: tuple[int, int] = (1920, 1080),
+        client_password: str = "",
+    ) -> None:
+        with self._borrowed() as w:
+            w.setup(task, steps, server_url, token, screen, client_password)
+
+    def pids(self) -> list[int]:
+        """The worker processes running now (for measuring what the pool holds)."""
+        return [w.proc.pid for w in self.workers if w.proc is not None and w.proc.poll() is None]
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.close()
         if self._own_cache:
             shutil.rmtree(self.cache, ignore_errors=True)
 
