@@ -11,6 +11,8 @@
 #         no login with a password, no default password), and
 #         /etc/sudoers.d/dart-osworld-user granting it sudo without a password, because
 #         OSWorld's tasks run `sudo` in their setup and solutions (the VM's user has sudo).
+#   home: /opt/dart-osworld-desktop/home, copied into the emptied HOME at every reset: what
+#         the apps' first run writes on OSWorld's VM image (VLC's vlcrc)
 #   python: /opt/dart-osworld-desktop/venv, from Debian's python3, with what our desktop server
 #         imports (pyautogui, python-xlib, Pillow, pydantic, ...): the server runs as `user`,
 #         who may not be able to reach the interpreter of the venv that starts it (pyenv under
@@ -73,14 +75,41 @@ if ! runuser -u user -- "$PYVENV/bin/python" -c "import pyautogui, Xlib, PIL, py
   chmod -R a+rX /opt/dart-osworld-desktop
 fi
 
+# What OSWorld's VM image has in the user's HOME and a reset puts back (profile.SKELETON):
+# VLC's settings file, written by VLC's first run (every setting at its default, commented),
+# which OSWorld's VLC getters read (a HOME without one fails them with an error, not a 0).
+SKEL=/opt/dart-osworld-desktop/home
+if [ ! -s "$SKEL/.config/vlc/vlcrc" ]; then
+  first=$(mktemp -d)
+  chown user:user "$first"
+  (cd "$first" && runuser -u user -- env HOME="$first" vlc -I dummy --reset-config vlc://quit \
+    >/dev/null 2>&1)
+  install -d -m 0755 "$SKEL/.config/vlc"
+  install -m 0644 "$first/.config/vlc/vlcrc" "$SKEL/.config/vlc/vlcrc"
+  rm -rf "$first"
+fi
+chmod -R a+rX "$SKEL"
+
 # OSWorld's tasks launch `google-chrome`; Debian ships Chromium. Its remote debugging port
 # (--remote-debugging-port=1337 in the tasks) binds 127.0.0.1; its profile is where OSWorld's
-# Chrome getters read it (~/.config/google-chrome).
+# Chrome getters read it (~/.config/google-chrome). The browser's process is named `chrome`,
+# as on OSWorld's VM, so that the tasks' `pkill chrome` (before a getter reads the settings
+# Chrome writes when it closes) ends it: Debian's wrapper would run it as `chromium`, which
+# that pattern does not match. Debian's flags (/etc/chromium.d) are read as its wrapper does.
+mkdir -p /usr/local/lib/dart-osworld
+ln -sfn /usr/lib/chromium/chromium /usr/local/lib/dart-osworld/chrome
 cat >/usr/local/bin/google-chrome <<'EOF'
 #!/bin/sh
-# dart-ray OSWorld profile: OSWorld's tasks call google-chrome; this desktop has Chromium
-exec chromium --no-first-run --no-default-browser-check --password-store=basic \
-  --remote-debugging-address=127.0.0.1 --user-data-dir="$HOME/.config/google-chrome" "$@"
+# dart-ray OSWorld profile: OSWorld's tasks call google-chrome; this desktop has Chromium,
+# run as `chrome` (scripts/install-osworld-desktop.sh says why)
+CHROMIUM_FLAGS=""
+for file in /etc/chromium.d/*; do
+  test "$file" = /etc/chromium.d/README || expr "$file" : '.*\.dpkg' >/dev/null || . "$file"
+done
+export CHROME_WRAPPER=/usr/local/bin/google-chrome CHROME_DESKTOP=chromium.desktop
+exec /usr/local/lib/dart-osworld/chrome $CHROMIUM_FLAGS --no-first-run \
+  --no-default-browser-check --password-store=basic --remote-debugging-address=127.0.0.1 \
+  --user-data-dir="$HOME/.config/google-chrome" "$@"
 EOF
 chmod 0755 /usr/local/bin/google-chrome
 echo "install-osworld-desktop: profile ready (user, /home/user, ${#PKGS[@]} packages)"

@@ -249,6 +249,19 @@ def test_launch_answers_at_once_and_runs_the_program_once(srv: Server) -> None:
     assert r.status_code == 400 and "no-such-program-here" in r.text
 
 
+def test_an_app_the_agent_ends_leaves_no_zombie(srv: Server) -> None:
+    """`pkill chrome` in a terminal, then waiting until `pgrep` says it is gone (how a task's
+    solution makes a browser write its settings first): the launched app stayed a zombie of
+    the server, which pgrep lists, so the wait never ended."""
+    pid = srv.post("/setup/launch", json={"command": ["sleep", "302"]}).json()["pid"]
+    srv.sh(f"kill {pid}")
+    deadline = time.monotonic() + 5
+    while psutil.pid_exists(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not psutil.pid_exists(pid)  # reaped, not a zombie
+    assert srv.sh("pgrep -f '[s]leep 302' || echo none").strip() == "none"
+
+
 def _gone(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

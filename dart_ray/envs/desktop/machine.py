@@ -80,6 +80,8 @@ class Machine:
     fixed_home: Path | None = None
     """A HOME kept at one path (OSWorld's /home/user, see `profile.py`) and emptied on every
     reset, instead of a fresh folder under `root`."""
+    skeleton: Path | None = None
+    """Files copied into HOME at every reset, when this folder exists (`profile.SKELETON`)."""
     wm_args: list[str] = field(default_factory=list)
     atspi: bool = False
     """Give the desktop a D-Bus session bus and let apps publish their widgets over AT-SPI
@@ -200,8 +202,7 @@ class Machine:
             if self.home != Path() and self.home.exists():
                 shutil.rmtree(self.home, ignore_errors=True)
             self.home = self.root / f"home-{self._resets}"
-        for sub in ("Desktop", "Documents", ".config"):
-            (self.home / sub).mkdir(parents=True, exist_ok=True)
+        _fill(self.home, self.skeleton)
         (self.root / "run").mkdir(mode=0o700, exist_ok=True)
         (self.home / ".bashrc").write_text("PS1='\\w$ '\n")
         self.ensure_wm(wm_ready)
@@ -287,6 +288,15 @@ class Machine:
             if pid not in keep and pid != os.getpid():
                 _kill(pid)
 
+    def reap(self) -> None:
+        """Collect the exit of every app that ended. An app the agent closed (`pkill chrome`
+        in a terminal, the common way to make a browser write its settings) stays a zombie of
+        this server until then, and `pgrep` still lists it: a task's solution waiting for it
+        to go, or a getter asking whether it runs, would see it running. The server calls
+        this every half second (on OSWorld's VM the session's init reaps at once)."""
+        for app in list(self.apps):
+            app.proc.poll()
+
     def track(self, pgid: int) -> None:
         """Remember a process group to end on the next reset, if it still has members (a
         command that finished leaves nothing; one that left `cmd &` behind does). Groups that
@@ -316,6 +326,14 @@ class Machine:
 
 
 MARKER = "DART_DESKTOP"  # environment variable naming the desktop a process belongs to
+
+
+def _fill(home: Path, skeleton: Path | None) -> None:
+    """A fresh HOME's folders, and the skeleton's files where there is one."""
+    for sub in ("Desktop", "Documents", ".config"):
+        (home / sub).mkdir(parents=True, exist_ok=True)
+    if skeleton is not None and skeleton.is_dir():
+        shutil.copytree(skeleton, home, dirs_exist_ok=True)
 
 
 def _empty(home: Path) -> None:

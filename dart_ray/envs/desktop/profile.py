@@ -32,6 +32,9 @@ HOME = Path("/home/user")
 # the desktop's own interpreter (the install script builds it): `user` may not reach the one
 # that starts the server (a pyenv under /root), and OSWorld's `python` commands run here
 PYTHON = Path("/opt/dart-osworld-desktop/venv/bin/python")
+# what a reset puts in the emptied HOME, as OSWorld's VM image has it: files its apps write
+# on their first run that tasks read back (VLC's vlcrc: the install script makes them)
+SKELETON = Path("/opt/dart-osworld-desktop/home")
 # the desktop's PATH: that Python first (`python3` in a shell line has pyautogui, as on the VM)
 PATH = f"{PYTHON.parent}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TERMINAL = "xterm -T Terminal -geometry 100x30+40+40"
@@ -85,9 +88,12 @@ def run_as_user(argv: list[str]) -> list[str]:
 
 
 def give_to_user(path: Path) -> None:
-    """Hand a scratch folder made by root to `user`, who will run the server in it."""
+    """Hand a scratch folder made by root to `user`, who will run the server in it; made
+    afresh where it is gone (a confined desktop's reset starts a new server in the folder
+    the last one removed when it stopped)."""
     pw = pwd.getpwnam(USER)
     if os.geteuid() == 0:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chown(path, pw.pw_uid, pw.pw_gid)
 
 

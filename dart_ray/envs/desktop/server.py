@@ -153,6 +153,7 @@ def _use_profile(machine: Machine, ap: argparse.ArgumentParser) -> None:
     if os.geteuid() == 0:
         ap.error(f"--osworld-profile runs the desktop as {profile.USER!r}, not as root")
     machine.fixed_home = profile.HOME
+    machine.skeleton = profile.SKELETON
     machine.atspi = True
     if Path(machine.window_manager).name == "openbox":
         machine.wm_args = ["--config-file", str(profile.write_openbox_config(machine.root))]
@@ -204,6 +205,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     # SIGTERM (how LocalDesktopEnv stops us) must still tear the X server and apps down
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
+    threading.Thread(target=_reaping, args=(machine,), daemon=True).start()
     if a.exit_with_parent:  # a SIGKILLed EnvSession left its Xvfb and openbox running
         threading.Thread(target=_exit_with, args=(parent, server), daemon=True).start()
     try:
@@ -214,6 +216,13 @@ def main(argv: list[str] | None = None) -> None:
         server.server_close()
         desk.x.close()
         machine.close()
+
+
+def _reaping(machine: Machine, every_s: float = 0.5) -> None:
+    """The apps that ended, collected while the server runs (`Machine.reap`)."""
+    while True:
+        machine.reap()
+        time.sleep(every_s)
 
 
 if __name__ == "__main__":

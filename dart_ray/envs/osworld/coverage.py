@@ -7,7 +7,10 @@ checkout, three questions:
 - **sets up**: its `config` steps run without error on our desktop (`LocalDesktopEnv` with
   the OSWorld profile: HOME /home/user, the Debian apps, sudo), within a time limit;
 - **evaluates**: OSWorld's own evaluator (`env.desktop.evaluator = "osworld"`) scores the state
-  right after set-up 0, without an error (an initial state that scores 1 is reported too).
+  right after set-up 0, without an error (an initial state that scores 1 is reported too);
+- **a solution scores 1** (`--solutions`): set up afresh, our written solution of the task
+  (`dart_ray.envs.osworld.solutions`) played through the env as UI-TARS actions, and scored 1
+  by OSWorld's evaluator.
 
 A task is excluded before anything runs when reading it shows it cannot run here, and the
 reason is recorded: it downloads its files or reads `cloud_file` (the internet) and they are
@@ -17,13 +20,14 @@ evaluation run only for the rest, one desktop reused (a reset between tasks), an
 that fails or overruns is replaced.
 
     python -m dart_ray.envs.osworld.coverage --osworld /path/to/OSWorld --json out.json \\
-        [--domains os,vlc] [--limit-s 120] [--static] [--cache DIR]
+        [--domains os,vlc] [--limit-s 120] [--static] [--cache DIR] [--solutions]
 
 `--static` only loads and classifies (seconds). `--cache DIR` is OSWorld's cache folder, laid
 out as OSWorld's `DesktopEnv` lays it (`<DIR>/<task id>/<uuid5(NAMESPACE_URL, url)>_<file
 name>` for a `download` step's file, `<DIR>/<task id>/<dest>` for a `cloud_file` getter's):
 a task whose files are all there is run, its set-up and evaluation reading them from there. The table (domain, tasks, loads, excluded,
-run, sets up, evaluates) goes to stdout; the JSON has one record per task.
+run, sets up, evaluates, solved) goes to stdout; the JSON has the task files' source and one
+record per task.
 """
 
 from __future__ import annotations
@@ -41,8 +45,10 @@ from typing import Any
 
 from dart_ray.envs.osworld.env import task_from_json
 from dart_ray.envs.osworld.setup import cache_name
+from dart_ray.envs.osworld.solutions import SOLUTIONS
+from dart_ray.envs.osworld.tasks import TASKS_COMMIT, TASKS_REPOSITORY
 from dart_ray.envs.osworld.worker import BROWSER_ONLINE, LEFT_OUT
-from dart_ray.records import Task
+from dart_ray.records import Action, Task
 
 ONLINE_SETUP = {"googledrive", "login", "proxy"}
 GNOME = ("gsettings", "gnome-", "nautilus", "check_gnome_favorite_apps", "dconf")
@@ -60,6 +66,8 @@ class Coverage:
     sets_up: bool = False
     evaluates: bool = False
     score: float | None = None
+    solved: bool | None = None
+    """Our solution scored 1 (None: no solution, or not played)."""
     seconds: float = 0.0
     reasons: list[str] = field(default_factory=list)
 
@@ -192,9 +200,14 @@ def _with_limit(limit_s: float, fn: Any, *args: Any) -> Any:
 
 
 def run_tasks(
-    todo: list[tuple[Coverage, Task]], venv: Path, limit_s: float, cache: Path | None = None
+    todo: list[tuple[Coverage, Task]],
+    venv: Path,
+    limit_s: float,
+    cache: Path | None = None,
+    solutions: dict[str, list[Action]] | None = None,
 ) -> None:
-    """Set up and evaluate each task on one desktop (replaced when a task breaks it)."""
+    """Set up and evaluate each task on one desktop (replaced when a task breaks it); where
+    `solutions` has the task's, set it up again, play it and score it."""
     from dart_ray.config import EnvConfig
     from dart_ray.config.env import DesktopOptions
     from dart_ray.envs.osworld.env import LocalDesktopEnv
@@ -222,6 +235,16 @@ def run_tasks(
             cov.evaluates = cov.score == 0.0
             if cov.score != 0.0:
                 cov.reasons.append(f"the initial state scores {cov.score}")
+            actions = (solutions or {}).get(task.task_id)
+            if cov.evaluates and actions is not None:
+                stage = "solution"
+                _with_limit(limit_s, env.reset, task)
+                for action in actions:
+                    _with_limit(limit_s, env.step, action)
+                solved = _with_limit(limit_s, env.evaluate)
+                cov.solved = solved == 1.0
+                if not cov.solved:
+                    cov.reasons.append(f"the solution scores {solved}")
         except Exception as e:  # recorded against the task: the point of the measurement
             cov.reasons.append(f"{stage}: {type(e).__name__}: {str(e)[:300]}")
             if env is not None:
@@ -234,13 +257,13 @@ def run_tasks(
 
 
 def _verdict(cov: Coverage) -> str:
-    if cov.evaluates:
-        return f"ok ({cov.seconds}s)"
+    if cov.evaluates and cov.solved is not False:
+        return f"ok{', solved' if cov.solved else ''} ({cov.seconds}s)"
     return f"{cov.reasons[-1] if cov.reasons else '?'} ({cov.seconds}s)"
 
 
 def table(rows: list[Coverage]) -> str:
-    cols = ("tasks", "loads", "excluded", "run", "sets up", "evaluates")
+    cols = ("tasks", "loads", "excluded", "run", "sets up", "evaluates", "a solution scores 1")
     lines = ["| domain | " + " | ".join(cols) + " |", "| --- |" + " ---: |" * len(cols)]
     domains = sorted({r.domain for r in rows})
     for d in [*domains, "all"]:
@@ -252,6 +275,7 @@ def table(rows: list[Coverage]) -> str:
             sum(r.ran for r in rs),
             sum(r.sets_up for r in rs),
             sum(r.evaluates for r in rs),
+            sum(bool(r.solved) for r in rs),
         )
         name = "**all**" if d == "all" else d
         lines.append(f"| {name} | " + " | ".join(str(c) for c in counts) + " |")
@@ -286,6 +310,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="OSWorld's cache folder (<dir>/<task id>/<uuid5(url)>_<name>, cloud_file dests): "
         "tasks whose files are all there count as offline, and set up and score from it",
     )
+    p.add_argument(
+        "--solutions",
+        action="store_true",
+        help="also play our written solution of each task that evaluates, and score it",
+    )
     a = p.parse_args(argv)
     index = a.osworld / "evaluation_examples" / a.index
     if not index.is_file():
@@ -295,13 +324,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = classify(a.osworld, index, {d for d in a.domains.split(",") if d} or None, cache)
     if not a.static:
         todo = [(c, t) for c, t in rows if c.loads and not c.excluded]
-        run_tasks(todo, a.venv, a.limit_s, cache)
+        solutions = {k: acts for k, (_, acts) in SOLUTIONS.items()} if a.solutions else None
+        run_tasks(todo, a.venv, a.limit_s, cache, solutions)
     covs = [c for c, _ in rows]
     print(table(covs))
     for why, n in reason_counts(covs).items():
         print(f"{n:4d}  {why}")
     if a.json is not None:
-        a.json.write_text(json.dumps([asdict(c) for c in covs], indent=1) + "\n")
+        source = {"repository": TASKS_REPOSITORY, "commit": TASKS_COMMIT, "index": a.index}
+        out = {"task_files": source, "solutions": a.solutions, "tasks": [asdict(c) for c in covs]}
+        a.json.write_text(json.dumps(out, indent=1) + "\n")
     return 0
 
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dart_ray.envs.desktop.machine import _empty
+from dart_ray.envs.desktop.machine import _empty, _fill
 from dart_ray.envs.osworld.cache import main as cache_main
 from dart_ray.envs.osworld.cache import task_files
 from dart_ray.envs.osworld.coverage import Coverage, exclusion_reasons, main, table
@@ -98,7 +98,7 @@ def test_static_run_writes_one_record_per_task_and_a_table_by_domain(
     (examples / "test_all.json").write_text(json.dumps(index))
     out = tmp_path / "cov.json"
     assert main(["--osworld", str(tmp_path), "--json", str(out), "--static"]) == 0
-    rows = {r["task_id"]: r for r in json.loads(out.read_text())}
+    rows = {r["task_id"]: r for r in json.loads(out.read_text())["tasks"]}
     assert set(rows) == {"offline-1", "download-1", "chrome-1", "broken-1"}
     assert rows["offline-1"]["loads"] and not rows["offline-1"]["excluded"]
     assert rows["download-1"]["excluded"] and rows["chrome-1"]["excluded"]
@@ -116,17 +116,38 @@ def test_static_run_writes_one_record_per_task_and_a_table_by_domain(
     (cache / "gold.xlsx").write_bytes(b"x")
     argv = ["--osworld", str(tmp_path), "--json", str(out), "--static", "--cache"]
     assert main([*argv, str(tmp_path / "cache")]) == 0
-    rows = {r["task_id"]: r for r in json.loads(out.read_text())}
+    rows = {r["task_id"]: r for r in json.loads(out.read_text())["tasks"]}
     assert not rows["download-1"]["excluded"] and rows["chrome-1"]["excluded"]
-    assert "| os | 2 | 2 | 0 | 0 | 0 | 0 |" in capsys.readouterr().out
+    assert "| os | 2 | 2 | 0 | 0 | 0 | 0 | 0 |" in capsys.readouterr().out
 
 
 def test_the_table_counts_what_ran() -> None:
     rows = [
         Coverage("a", "os", loads=True, ran=True, sets_up=True, evaluates=True, score=0.0),
         Coverage("b", "os", loads=True, ran=True, reasons=["set-up: TimeoutError: over 1s"]),
+        Coverage("c", "os", True, False, True, True, True, 0.0, solved=True),
+        Coverage("d", "os", True, False, True, True, True, 0.0, solved=False),
     ]
-    assert "| os | 2 | 2 | 0 | 2 | 1 | 1 |" in table(rows)
+    assert "| os | 4 | 4 | 0 | 4 | 3 | 3 | 1 |" in table(rows)
+
+
+def test_a_reset_home_gets_the_skeleton_of_the_vms_first_run(tmp_path: Path) -> None:
+    """OSWorld's VLC getters read ~/.config/vlc/vlcrc, which the VM image has (VLC's first
+    run writes it): without it every VLC task failed its evaluation instead of scoring 0."""
+    skeleton = tmp_path / "skel"
+    (skeleton / ".config" / "vlc").mkdir(parents=True)
+    (skeleton / ".config" / "vlc" / "vlcrc").write_text("#qt-bgcone=1\n")
+    home = tmp_path / "home"
+    home.mkdir()
+    _fill(home, skeleton)
+    assert (home / ".config" / "vlc" / "vlcrc").read_text() == "#qt-bgcone=1\n"
+    assert (home / "Desktop").is_dir() and (home / "Documents").is_dir()
+    _fill(tmp_path / "other", tmp_path / "no-skeleton")  # none installed: only the folders
+    assert sorted(p.name for p in (tmp_path / "other").iterdir()) == [
+        ".config",
+        "Desktop",
+        "Documents",
+    ]
 
 
 def test_a_fixed_home_is_emptied_but_kept(tmp_path: Path) -> None:
