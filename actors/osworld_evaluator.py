@@ -17,6 +17,7 @@ retried, never scored) and the next call starts a new host.
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,8 @@ class OSWorldEvaluatorHost:
         self.pool.setup(*args)
 
     def pids(self) -> list[int]:
-        return self.pool.pids()
+        """The pool's worker processes, then this actor's own."""
+        return [*self.pool.pids(), os.getpid()]
 
 
 def host_name(options: DesktopOptions, node_id: str) -> str:
@@ -138,6 +140,7 @@ class NodeEvaluator:
         self._call("setup", *args, task_id=task.task_id)
 
     def pids(self) -> list[int]:
+        """The processes that hold the node's evaluator: its workers, then the host."""
         return list(self._call("pids"))
 
     def close(self) -> None:

@@ -92,24 +92,23 @@ chmod -R a+rX "$SKEL"
 
 # OSWorld's tasks launch `google-chrome`; Debian ships Chromium. Its remote debugging port
 # (--remote-debugging-port=1337 in the tasks) binds 127.0.0.1; its profile is where OSWorld's
-# Chrome getters read it (~/.config/google-chrome). The browser's process is named `chrome`,
-# as on OSWorld's VM, so that the tasks' `pkill chrome` (before a getter reads the settings
-# Chrome writes when it closes) ends it: Debian's wrapper would run it as `chromium`, which
-# that pattern does not match. Debian's flags (/etc/chromium.d) are read as its wrapper does.
-mkdir -p /usr/local/lib/dart-osworld
-ln -sfn /usr/lib/chromium/chromium /usr/local/lib/dart-osworld/chrome
+# Chrome getters read it (~/.config/google-chrome). Many tasks end Chrome with `pkill chrome`
+# before a getter reads the settings it writes when it closes; Chromium names its process
+# `chromium`, which that pattern misses, so this wrapper stays as its parent, named
+# `google-chrome` (which it matches), and hands the signal on to the browser.
+rm -rf /usr/local/lib/dart-osworld
 cat >/usr/local/bin/google-chrome <<'EOF'
 #!/bin/sh
-# dart-ray OSWorld profile: OSWorld's tasks call google-chrome; this desktop has Chromium,
-# run as `chrome` (scripts/install-osworld-desktop.sh says why)
-CHROMIUM_FLAGS=""
-for file in /etc/chromium.d/*; do
-  test "$file" = /etc/chromium.d/README || expr "$file" : '.*\.dpkg' >/dev/null || . "$file"
-done
-export CHROME_WRAPPER=/usr/local/bin/google-chrome CHROME_DESKTOP=chromium.desktop
-exec /usr/local/lib/dart-osworld/chrome $CHROMIUM_FLAGS --no-first-run \
-  --no-default-browser-check --password-store=basic --remote-debugging-address=127.0.0.1 \
-  --user-data-dir="$HOME/.config/google-chrome" "$@"
+# dart-ray OSWorld profile: OSWorld's tasks call google-chrome; this desktop has Chromium.
+# Stays as the browser's parent so that `pkill chrome` ends it (install-osworld-desktop.sh)
+chromium --no-first-run --no-default-browser-check --password-store=basic \
+  --remote-debugging-address=127.0.0.1 --user-data-dir="$HOME/.config/google-chrome" "$@" &
+browser=$!
+trap 'kill -TERM $browser 2>/dev/null' TERM INT HUP
+wait $browser
+status=$?
+wait $browser 2>/dev/null  # after a signal: until the browser has written its files and ended
+exit $status
 EOF
 chmod 0755 /usr/local/bin/google-chrome
 echo "install-osworld-desktop: profile ready (user, /home/user, ${#PKGS[@]} packages)"

@@ -72,6 +72,7 @@ def read_scripts(path: Path) -> dict[str, list[str]]:
             isinstance(actions, list) and all(isinstance(a, str) for a in actions)
         ):
             raise ScriptError(f"{file}:{n}: 'instruction' is text, 'actions' a list of text")
+        instruction = instruction.strip()  # as the prompt shows it (build_messages strips)
         if instruction in scripts and scripts[instruction] != actions:
             raise ScriptError(f"{file}:{n}: a second, different script for {instruction!r}")
         scripts[instruction] = actions

@@ -46,6 +46,14 @@ def test_the_step_comes_from_the_newest_response_in_the_prompt(tmp_path: Path) -
     ]
 
 
+def test_an_instruction_with_spaces_around_it_finds_its_script(tmp_path: Path) -> None:
+    """OSWorld's instructions may end in a space, which the prompt does not show: four of its
+    tasks answered 'no script' (POLICY_ERROR) before."""
+    scripts = read_scripts(_scripts(tmp_path, [{"instruction": "Do it. ", "actions": ["wait()"]}]))
+    answer = next_response(scripts, build_messages("Do it. ", [Turn(b"png")]))
+    assert answer.endswith("Action: wait()")
+
+
 def test_an_unknown_task_and_a_bad_file_are_named(tmp_path: Path) -> None:
     scripts = read_scripts(_scripts(tmp_path, [{"instruction": "a", "actions": []}]))
     assert next_response(scripts, build_messages("a", [Turn(b"p")])).endswith(

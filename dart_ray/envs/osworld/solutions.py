@@ -77,12 +77,13 @@ CHROME = "^chrom(e|ium)$"  # the browser's processes, not its crash handler (whi
 
 def chrome(file: str, edit: str) -> list[Action]:
     """Chromium closed, then `edit` applied to its JSON settings file `file` (`d`, the file's
-    object), as the settings page would write it."""
+    object; empty where Chromium has not written the file yet, as `Bookmarks` before the first
+    bookmark), as the settings page would write it."""
     path = f"~/.config/google-chrome/{file}"
     return terminal(
         _until_gone(CHROME),
-        f"python3 -c \"import json,os; p=os.path.expanduser('{path}'); d=json.load(open(p)); "
-        f"{edit}; json.dump(d, open(p, 'w'))\"",
+        f"python3 -c \"import json,os; p=os.path.expanduser('{path}'); "
+        f"d=json.load(open(p)) if os.path.exists(p) else {{}}; {edit}; json.dump(d, open(p, 'w'))\"",
     )
 
 
@@ -117,8 +118,9 @@ SOLUTIONS: dict[str, tuple[str, list[Action]]] = {
         "chrome",
         chrome(
             "Bookmarks",
-            "d['roots']['bookmark_bar']['children'].append({'type': 'folder', 'name': "
-            "'Favorites', 'id': '900', 'children': [], 'date_added': '13340000000000000'})",
+            "d.setdefault('roots', {}).setdefault('bookmark_bar', {'type': 'folder', 'name': "
+            "'Bookmarks bar', 'id': '1', 'children': []})['children'].append({'type': 'folder', "
+            "'name': 'Favorites', 'id': '900', 'children': [], 'date_added': '13340000000000000'})",
         ),
     ),
     "44ee5668-ecd5-4366-a6ce-c1c9b8d4e938": (  # YouTube's visits out of the history
@@ -146,22 +148,6 @@ SOLUTIONS: dict[str, tuple[str, list[Action]]] = {
             "Default/Preferences",
             "d.setdefault('webkit', {}).setdefault('webprefs', {})['default_font_size']=20",
         ),
-    ),
-    "99146c54-4f37-4ab8-9327-5f3291665e1e": (  # clear cookies and site data on close
-        "chrome",
-        chrome(
-            "Default/Preferences",
-            "d.setdefault('profile', {}).setdefault('default_content_setting_values', {})"
-            "['cookies']=4",
-        ),
-    ),
-    "12086550-11c0-466b-b367-1d9e75b3910e": (  # open the password manager's page
-        "chrome",
-        [
-            *keys("ctrl l"),
-            Action(ActionKind.TYPE, text="chrome://password-manager/passwords\n"),
-            WAIT,
-        ],
     ),
     "030eeff7-b492-4218-b312-701ec99ee0cc": (  # Do Not Track on
         "chrome",
@@ -191,13 +177,6 @@ SOLUTIONS: dict[str, tuple[str, list[Action]]] = {
         terminal(_until_gone("^soffice"), f'python3 -c "{AUTOSAVE_3_MINUTES}"'),
     ),
     # ------------------------------------------------------------------ multi_apps
-    "937087b6-f668-4ba6-9110-60682ee33441": (  # VLC the default video player
-        "multi_apps",
-        terminal(
-            "xdg-mime default vlc.desktop video/mp4 video/x-matroska video/webm video/mpeg "
-            "video/quicktime video/x-msvideo video/ogg video/x-flv video/3gpp video/x-ms-wmv"
-        ),
-    ),
     "6d72aad6-187a-4392-a4c4-ed87269c51cf": ("multi_apps", INFEASIBLE),
     # ------------------------------------------------------------------ os
     "e0df059f-28a6-4169-924f-b9623e7184cc": (  # rename a folder root made
@@ -243,6 +222,12 @@ LEFT_OUT: dict[str, str] = {
     "b6781586-6346-41cd-935a-a6b1487918fc": "timedatectl needs systemd, which the desktop lacks",
     "ef9d12bd-bcee-4ba0-a40e-918400f43ddf": "its set-up's menu keys miss the slide pane in "
     "Debian's LibreOffice: the initial state scores 1",
+    "937087b6-f668-4ba6-9110-60682ee33441": "VLC is the profile's only video player: the "
+    "initial state scores 1",
+    "99146c54-4f37-4ab8-9327-5f3291665e1e": "Chromium writes the setting its getter looks for "
+    "into every profile it closes: the initial state scores 1",
+    "12086550-11c0-466b-b367-1d9e75b3910e": "its getter finds the address bar under the "
+    "application 'Google Chrome' in the accessibility tree; ours is Chromium",
     "13584542-872b-42d8-b299-866967b5c3ef": "the profile's terminal (xterm, sized on its command "
     "line by Ctrl+Alt+T's binding) has no size setting a user can keep",
 }
