@@ -85,7 +85,7 @@ test-bench: $(STAMP)
 test-vllm: vllm-venv
 	$(VLLM_VENV)/bin/python -m pytest $(VLLM_PYTEST_ARGS)
 
-.PHONY: osworld-venv test-osworld test-osworld-apps osworld-desktop
+.PHONY: osworld-venv test-osworld test-osworld-apps osworld-desktop osworld-eval
 osworld-venv:
 	bash scripts/setup-osworld-venv.sh $(OSWORLD_VENV)
 
@@ -102,6 +102,16 @@ osworld-desktop:
 
 test-osworld-apps: $(STAMP) osworld-venv osworld-desktop
 	DART_OSWORLD_VENV=$(abspath $(OSWORLD_VENV)) $(VENV)/bin/pytest -m osworld_apps tests/envs
+
+# OSWorld's tasks that run offline here, played by our solutions through Ray, EnvSession and
+# OSWorld's evaluator on the profile (docs/QUICKSTART.md); SCRIPTS=empty.jsonl plays none
+OSWORLD ?= ../OSWorld
+SCRIPTS ?= scripts.jsonl
+osworld-eval: $(STAMP) osworld-venv
+	$(VENV)/bin/python -m dart_ray.envs.osworld.solutions --osworld $(OSWORLD) --out runs/osworld-local
+	$(VENV)/bin/dart-ray eval --ray -c configs/osworld-local.toml \
+	  --checkpoint runs/osworld-local/$(SCRIPTS) --suite runs/osworld-local/tasks.jsonl \
+	  --json runs/osworld-local/eval-$(basename $(SCRIPTS)).json policy.engine=script
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(OSWORLD_VENV) runs .pytest_cache .ruff_cache

@@ -206,6 +206,14 @@ def _eval_parses(cmd: str) -> None:
     )
 
 
+def _eval_on_ray_parses(cmd: str) -> None:
+    """`dart-ray eval --ray` on OSWorld's tasks: the parser accepts it and the config loads;
+    tests/engines/test_script.py plays scripts through it in EnvSession actors."""
+    args = build_parser().parse_args(shlex.split(cmd)[1:])
+    load_config(REPO / args.config, args.overrides)
+    _tested("tests/engines/test_script.py::test_eval_on_ray_plays_in_env_session_actors")
+
+
 @dataclass(frozen=True)
 class How:
     kind: str  # "run" | "flags" | "check"
@@ -240,7 +248,7 @@ HOW: dict[str, How] = {
     r"dart-ray serve( --model \S+)?( --port \d+)?": How("check", _serve_parses),
     # long runs and services: the flags exist
     r"\.venv/bin/python (benchmarks|scripts)/\w+\.py.*": How("flags"),
-    r"(\.venv/bin/)?python -m dart_ray\.envs\.(minidesk\.generate|desktop\.server|osworld\.tasks|osworld\.coverage|osworld\.cache|miniwob\.tasks|osworld\.chrome_history) .*": How(
+    r"(\.venv/bin/)?python -m dart_ray\.envs\.(minidesk\.generate|desktop\.server|osworld\.tasks|osworld\.coverage|osworld\.cache|osworld\.solutions|miniwob\.tasks|osworld\.chrome_history) .*": How(
         "flags"
     ),
     # need what this machine has not: checked against what they act on
@@ -284,6 +292,22 @@ HOW: dict[str, How] = {
     ),
     r"git clone \S+/OSWorld \.\./OSWorld|git -C \.\./OSWorld checkout [0-9a-f]{40}": How(
         "check", _pinned_tasks
+    ),
+    # needs an OSWorld checkout and the profile: the eval's path runs on MiniDesk in its test,
+    # the solutions' files in theirs; docs/ENVIRONMENTS.md has what it measured here
+    r"dart-ray eval --ray -c configs/osworld-local\.toml .*": How("check", _eval_on_ray_parses),
+    r"make osworld-eval( OSWORLD=\S+)?( SCRIPTS=\S+)?": How(
+        "check",
+        _covered(
+            "tests/envs/osworld/test_solutions.py::"
+            "test_the_files_written_are_what_the_script_engine_and_eval_read"
+        ),
+    ),
+    r"(sudo )?make osworld-desktop osworld-venv": How(
+        "check",
+        _covered(
+            "tests/envs/osworld/test_apps.py::test_the_desktop_runs_as_user_with_home_at_home_user"
+        ),
     ),
     r"make osworld-venv": How(
         "check", _covered("tests/envs/osworld/test_official.py::test_osworld_semantics")

@@ -95,8 +95,8 @@ FORGET_YOUTUBE = (
 )
 LO_XCU = "~/.config/libreoffice/4/user/registrymodifications.xcu"
 # LibreOffice's setting as its Options dialog writes it. `<` is written chr(60): typed into
-# a terminal through pyautogui it comes out as `>` (its X keymap lookup finds the key of
-# the ISO `<>` key, whose shifted symbol is `>`: the same on OSWorld's VM)
+# a terminal through pyautogui it comes out as `>` (pyautogui holds Shift for `<` and presses
+# the first key X names for it, the ISO `<>` key, whose shifted symbol is `>`)
 AUTOSAVE_3_MINUTES = (
     f"import os; p=os.path.expanduser('{LO_XCU}'); s=open(p).read(); L=chr(60); "
     "i=L+'item oor:path=\\\"/org.openoffice.Office.Common/Save/Document\\\">'+L+'prop "
@@ -117,7 +117,7 @@ SOLUTIONS: dict[str, tuple[str, list[Action]]] = {
     "2ad9387a-65d8-4e33-ad5b-7580065a27ca": (  # a 'Favorites' folder on the bookmarks bar
         "chrome",
         chrome(
-            "Bookmarks",
+            "Default/Bookmarks",
             "d.setdefault('roots', {}).setdefault('bookmark_bar', {'type': 'folder', 'name': "
             "'Bookmarks bar', 'id': '1', 'children': []})['children'].append({'type': 'folder', "
             "'name': 'Favorites', 'id': '900', 'children': [], 'date_added': '13340000000000000'})",

@@ -162,3 +162,19 @@ def test_accessibility_is_the_atspi_widget_tree_in_osworlds_shape(env: LocalDesk
     assert frame.get(f"{cp}screencoord", "").startswith("(")
     menus = [m.get("name") for m in app.iter("menu")]
     assert "File" in menus  # the editor's own widgets, not just its window
+
+
+def test_pkill_chrome_ends_the_browser_as_on_osworlds_vm(env: LocalDesktopEnv) -> None:
+    """Many OSWorld tasks end Chrome with `pkill chrome` before a getter reads the settings
+    it writes on close; Chromium names its process `chromium`, which that pattern missed, so
+    the browser went on running and the file was never written."""
+    env.reset(next(t for t in TASKS if t.task_id == "dart-chrome-open-local-page"))
+    assert env.client is not None
+    before = env.client.execute("sleep 3; pgrep -c -x chromium", shell=True)["output"]
+    assert int(before.strip() or 0) > 0  # the task's own google-chrome line started it
+    after = env.client.execute(
+        "pkill chrome; for i in $(seq 20); do pgrep -x chromium >/dev/null || break; sleep 0.5;"
+        " done; pgrep -x chromium || echo gone",
+        shell=True,
+    )["output"]
+    assert after.strip() == "gone"
