@@ -44,10 +44,6 @@ def terminal(*commands: str) -> list[Action]:
     return [WAIT, Action(ActionKind.HOTKEY, text="ctrl alt t"), WAIT, *typed, WAIT]
 
 
-def keys(*names: str) -> list[Action]:
-    return [Action(ActionKind.HOTKEY, text=k) for k in names]
-
-
 def _until_gone(name: str) -> str:
     """Close the app whose process name matches the pattern `name`, and wait until it has
     ended (and so written its files)."""
