@@ -78,8 +78,7 @@ class Machine:
     _groups: set[int] = field(default_factory=set)
     marker: str = field(default_factory=lambda: secrets.token_hex(8))
     fixed_home: Path | None = None
-    """A HOME kept at one path (OSWorld's /home/user, see `profile.py`) and emptied on every
-    reset, instead of a fresh folder under `root`."""
+    """A HOME at one path (OSWorld's /home/user, `profile.py`) emptied at every reset."""
     skeleton: Path | None = None
     """Files copied into HOME at every reset, when this folder exists (`profile.SKELETON`)."""
     wm_args: list[str] = field(default_factory=list)
@@ -289,11 +288,8 @@ class Machine:
                 _kill(pid)
 
     def reap(self) -> None:
-        """Collect the exit of every app that ended. An app the agent closed (`pkill chrome`
-        in a terminal, the common way to make a browser write its settings) stays a zombie of
-        this server until then, and `pgrep` still lists it: a task's solution waiting for it
-        to go, or a getter asking whether it runs, would see it running. The server calls
-        this every half second (on OSWorld's VM the session's init reaps at once)."""
+        """Collect every ended app: one the agent killed stays a zombie, which `pgrep` lists
+        as running, until then. The server calls this every half second (as a VM's init)."""
         for app in list(self.apps):
             app.proc.poll()
 
@@ -332,7 +328,7 @@ def _fill(home: Path, skeleton: Path | None) -> None:
     """A fresh HOME's folders, and the skeleton's files where there is one."""
     for sub in ("Desktop", "Documents", ".config"):
         (home / sub).mkdir(parents=True, exist_ok=True)
-    if skeleton is not None and skeleton.is_dir():
+    if skeleton and skeleton.is_dir():
         shutil.copytree(skeleton, home, dirs_exist_ok=True)
 
 
