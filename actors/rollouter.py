@@ -45,6 +45,7 @@ from dart_ray.rollout.episode import (
 )
 from dart_ray.rollout.history import LogHistory
 from dart_ray.rollout.scheduler import PlannedSlot, Scheduler, TaskHistory
+from dart_ray.rollout.seeding import SeedOutcome, play_seeds, seedable
 from dart_ray.store import EpisodeStart, open_store
 from dart_ray.store.episodes import log_unfinished
 
@@ -238,6 +239,44 @@ class Rollouter:
             self.idle.put_nowait(s)
         self.report.sessions = len(self.sessions)
         return len(self.sessions)
+
+    async def seed(self, scripts: dict[str, list[str]]) -> list[SeedOutcome]:
+        """Seed the replay pool with written solutions of this rollouter's tasks, at the
+        current version, before `run` (`dart_ray.rollout.seeding`). A task that has a
+        success within the staleness bound already (a resumed run) keeps it."""
+        await self._adopt_pool_sessions()
+        bound = self.c.curation.max_staleness
+
+        def fresh(task_id: str) -> bool:
+            s = self.store.log.task_stat(self.run_id, task_id)
+            v = None if s is None else s.last_success_version
+            return v is not None and self.version - v <= bound
+
+        tasks = [t for t in self._tasks.values() if not fresh(t.task_id)]
+
+        def keep(t: Trajectory) -> bool:
+            if not self.store.log.is_success(t):
+                return False
+            self.store.log.record_seed(t, self.store.blobs.write(t))
+            return True
+
+        outcomes = await play_seeds(
+            seedable(tasks, scripts),
+            scripts,
+            [RaySession(s) for s in self.sessions],
+            self.policy,
+            self.settings,
+            run_id=self.run_id,
+            version=self.version,
+            keep=keep,
+        )
+        log.info(
+            "%s: %d of %d replay seeds succeeded",
+            self.name,
+            sum(o.seeded for o in outcomes),
+            len(outcomes),
+        )
+        return outcomes
 
     # ------------------------------------------------------------------ the loop
 

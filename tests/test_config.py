@@ -64,6 +64,22 @@ def test_errors_name_the_key_and_value(override: str, expected: str) -> None:
     assert expected in str(e.value)
 
 
+def test_replay_seeds_need_replay_and_an_engine_that_scores(tmp_path: Path) -> None:
+    from dart_ray.run.preflight import check_local_inputs
+
+    seeds = "curation.replay_seeds='x.jsonl'"
+    with pytest.raises(ConfigError, match=r"needs curation\.success_replay = true"):
+        load_config(None, [seeds, "curation.success_replay=false"])
+    from dart_ray.run.runtime import start
+
+    with pytest.raises(ConfigError, match=r"policy\.engine = 'vllm' cannot: use 'hf'"):
+        start(load_config(None, [seeds, "policy.engine='vllm'"]))  # before anything starts
+    load_config(None, [seeds, "policy.engine='script'"])  # `dart-ray eval` of the same config
+    missing = load_config(None, [f"curation.replay_seeds='{tmp_path / 'none.jsonl'}'"])
+    with pytest.raises(ConfigError, match=r"curation.replay_seeds: .*cannot read scripts"):
+        check_local_inputs(missing)  # before anything starts, on a cluster too
+
+
 def test_step_credit_reaches_the_curator() -> None:
     """The `[algo]` credit knobs are the curator's `CurationParams` (the curator computes the
     advantages), as `algo.advantage` is."""

@@ -161,3 +161,56 @@ def test_a_lora_run_moves_only_adapters_resumes_from_them_and_evaluates(tmp_path
 
     result = run_eval(config(), ckpts / "v3", "heldout", n_tasks=2)
     assert len(result.per_task) == 2 and result.greedy
+
+
+def test_written_solutions_seed_replay_so_a_policy_that_never_succeeds_trains(
+    tmp_path: Path,
+) -> None:
+    """The untrained tiny model never clicks the button: every group fails, and without a
+    success to replay no group has a signal. Solutions of the run's four tasks (the oracle's
+    click as a script) seed the replay pool at the start, so all-fail groups train on them:
+    versions are published, the report names the seeded tasks and their replays, and the
+    audit finds nothing lost or trained twice."""
+    import json
+
+    from dart_ray.envs.minidesk.env import MiniDeskEnv
+    from dart_ray.envs.minidesk.oracle import oracle_action
+    from dart_ray.envs.suites import load_suite
+    from dart_ray.store.audit import audit
+
+    overrides = [
+        f"run.root_dir={tmp_path}",
+        "run.run_id=seeded",
+        "run.max_versions=2",
+        "run.eval_tasks=0",
+        "run.max_minutes=8",
+        "env.task_limit=4",
+        "env.num_sessions=2",
+        "rollout.in_flight=2",
+        "rollout.max_steps=2",
+        "policy.max_new_tokens=16",
+        "curation.groups_per_step=1",
+        "curation.max_staleness=4",
+        "policy.http_port=8132",
+    ]
+    cfg = load_config(REPO / "configs" / "tiny-cpu.toml", overrides)
+    rows = []
+    for task in load_suite(cfg, "train"):
+        desk = MiniDeskEnv(cfg.env)
+        desk.reset(task)
+        x, y = oracle_action(desk).point  # type: ignore[misc]
+        rows.append({"instruction": task.instruction, "actions": [f"click(start_box='({x},{y})')"]})
+    scripts = tmp_path / "scripts.jsonl"
+    scripts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    seeded = load_config(
+        REPO / "configs" / "tiny-cpu.toml", [*overrides, f"curation.replay_seeds='{scripts}'"]
+    )
+    untrained = seeded.policy.model_copy(update={"model_path": None})  # the embedded tiny model
+    report = driver.train(seeded.model_copy(update={"policy": untrained}))
+    assert [s["seeded"] for s in report.replay_seeds] == [True] * 4
+    assert report.versions == 2
+    assert sum(s["replays"] for s in report.replay_seeds) >= 2  # one per trained group at least
+    assert report.trajectories.get("OK", 0) + report.trajectories.get("TRUNCATED", 0) > 0
+    store = open_store(cfg)
+    assert audit(store.engine, "seeded").ok
+    store.dispose()

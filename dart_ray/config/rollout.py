@@ -82,6 +82,13 @@ class CurationConfig(Section):
     """Drop trajectories whose oldest step is more than this many versions behind."""
     success_replay: bool = True
     """Give an all-fail group the newest success of its task (DART-GUI's experience replay)."""
+    replay_seeds: str | None = None
+    """A JSONL file of written solutions (the script engine's format, e.g. OSWorld's from
+    `dart_ray.envs.osworld.solutions`) that seeds the replay pool: at the run's start each
+    training task with one is played once in the run's environments, its responses
+    teacher-forced through the policy server (tokens and log-probs of the starting weights),
+    and a success becomes the task's newest success to replay (`dart_ray.rollout.seeding`).
+    Needs `success_replay` and `policy.engine = "hf"`. None: no seeds."""
     drop_no_signal: bool = True
     """Drop groups whose rewards are all equal (zero advantage: no policy gradient). Off, they
     are trained anyway (only the KL term moves the weights): for pipeline tests."""

@@ -64,6 +64,18 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _replay_seeds(self) -> Config:
+        cur = self.curation
+        if cur.replay_seeds is None:
+            return self
+        if not cur.success_replay or self.algo.objective != "grpo":
+            raise ValueError(
+                "curation.replay_seeds seeds success replay: it needs curation.success_replay "
+                "= true and algo.objective = 'grpo'"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _lora_engine(self) -> Config:
         lo, p = self.train.lora, self.policy
         if lo.enabled and p.engine == "vllm" and p.vllm_max_lora_rank < lo.rank:

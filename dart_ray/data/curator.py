@@ -195,6 +195,7 @@ class CuratorCore(StalenessGuard):
             self._settle_drop(rid, reason)
         if out.replayed:
             self.metrics.replays += 1
+            self.metrics.replays_by_task[group[0].task_id] += 1
         return out
 
     def _form_steps(self, now: float) -> None:

@@ -73,6 +73,8 @@ class CuratorMetrics:
     rows_trained: int = 0
     samples_formed: int = 0
     replays: int = 0
+    replays_by_task: Counter[str] = field(default_factory=Counter)
+    """`replays` by task: the tasks whose all-fail groups trained on a replayed success."""
     replays_stale: int = 0
     """All-fail groups whose task's newest success was older than the staleness bound (so
     not replayed), or whose replay went past the bound while the group waited (then the

@@ -79,6 +79,12 @@ class GenerateRequest:
     messages: tuple[ChatMessage, ...]
     sampling: SamplingParams | None = None
     """None: the server's defaults from `policy.*` config."""
+    forced: str = ""
+    """A response to score instead of sampling one (teacher forcing): the engine answers
+    with its tokens, the end token appended, and their log-probs and entropies under the
+    current weights and `sampling`'s distribution, as if it had drawn them. What seeds the
+    success-replay pool with written solutions (`rollout.replay_seeds`). Engines that cannot
+    score (vLLM here, the script engine) refuse it when preparing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +100,17 @@ class PreparedRequest:
     prompt_text: str = ""
     """Chat-template text with one image pad per image (the vLLM engine)."""
     images: tuple[Image.Image, ...] = ()
+    forced_ids: tuple[int, ...] = ()
+    """`GenerateRequest.forced` as token ids (the end token last): score these, sample nothing."""
+
+
+def refuse_forced(request: GenerateRequest, engine: str) -> None:
+    """For an engine's `prepare` where it cannot score a forced response: a clear error."""
+    if request.forced:
+        raise ValueError(
+            f"policy.engine = {engine!r} cannot score a forced response (teacher forcing, "
+            "what rollout.replay_seeds needs); use policy.engine = 'hf'"
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,6 +63,7 @@ from dart_ray.engines.base import (
 )
 from dart_ray.models.loading import EncodedPrompt, PolicyProcessor, image_inputs, load_model
 from dart_ray.models.weights import PackedWeights, load_into, load_packed_adapter, share_into
+from dart_ray.train.forward import LOGP_FLOOR
 
 
 class _Sampler(LogitsProcessor):
@@ -174,14 +175,25 @@ class HFEngine(Engine):
 
     def prepare(self, request: GenerateRequest, defaults: SamplingParams) -> PreparedRequest:
         return PreparedRequest(
-            sampling=request.sampling or defaults, encoded=self.processor.encode(request.messages)
+            sampling=request.sampling or defaults,
+            encoded=self.processor.encode(request.messages),
+            forced_ids=self.forced_ids(request.forced) if request.forced else (),
         )
+
+    def forced_ids(self, text: str) -> tuple[int, ...]:
+        """`text` as response tokens, the end token appended; an error where the tokenizer
+        cannot give the text back (the model would be taught other text than the script's)."""
+        ids = self.processor.tokenizer.encode(text, add_special_tokens=False)
+        if self.processor.decode(ids) != text:
+            raise ValueError(f"forced response {text[:80]!r} does not round-trip the tokenizer")
+        return (*ids, self.processor.eos_id)
 
     async def generate(self, requests: Sequence[PreparedRequest]) -> list[Generation]:
         encoded = [r.encoded for r in requests if r.encoded is not None]
         if len(encoded) != len(requests):
             raise ValueError("HFEngine.generate needs requests prepared by HFEngine.prepare")
         params = [r.sampling for r in requests]
+        forced = [r.forced_ids for r in requests]
         async with self.gate.generating() as lease:
             loop = asyncio.get_running_loop()
 
@@ -189,7 +201,9 @@ class HFEngine(Engine):
                 if self.gate.update_waiting:
                     asyncio.run_coroutine_threadsafe(lease.boundary(next_token), loop).result()
 
-            return await asyncio.to_thread(self.generate_sync, encoded, params, lease, boundary)
+            return await asyncio.to_thread(
+                self.generate_sync, encoded, params, lease, boundary, forced
+            )
 
     async def _load(self, weights: PackedWeights) -> None:
         if weights.adapter is not None:  # LoRA: the base stays, the adapters are copied in
@@ -209,18 +223,56 @@ class HFEngine(Engine):
         params: Sequence[SamplingParams],
         version: int | Lease,
         boundary: Callable[[int], None] | None = None,
+        forced: Sequence[tuple[int, ...]] = (),
     ) -> list[Generation]:
         """Generate on this thread, on `version` (an int outside the server: no update lands)
-        or on a lease of the gate, whose `boundary` lets updates land between tokens."""
+        or on a lease of the gate, whose `boundary` lets updates land between tokens.
+        `forced[i]`, where not empty, is scored for prompt i instead (`_force`)."""
         lease = version if isinstance(version, Lease) else Lease(self.gate, version, version)
         out: list[Generation | None] = [None] * len(encoded)
-        order = sorted(range(len(encoded)), key=lambda i: hash(params[i]))
+        for i, ids in enumerate(forced):
+            if ids:
+                out[i] = self._force(encoded[i], ids, params[i], lease.version)
+        sampled = [i for i in range(len(encoded)) if out[i] is None]
+        order = sorted(sampled, key=lambda i: hash(params[i]))
         for _, group in itertools.groupby(order, key=lambda i: params[i]):
             idx = list(group)
             gens = self._batch([encoded[i] for i in idx], params[idx[0]], lease, boundary)
             for i, g in zip(idx, gens, strict=True):
                 out[i] = g
         return [g for g in out if g is not None]
+
+    @torch.no_grad()
+    def _force(
+        self, e: EncodedPrompt, response: Sequence[int], sp: SamplingParams, version: int
+    ) -> Generation:
+        """Teacher forcing: `response`'s log-probs and entropies under the current weights,
+        from one forward over prompt + response, with the distribution the sampler draws
+        from (`process_logits`: temperature, top-k/p, suppressed ids), as the trainer scores
+        it. The logit at position p predicts token p + 1."""
+        t0 = time.perf_counter()
+        whole = EncodedPrompt(
+            [*e.input_ids, *response], e.pixel_values, e.image_grid_thw, e.model_sizes
+        )
+        self.model.model.rope_deltas = None  # positions from this forward's own images
+        logits = self.model(**self._inputs([whole]), use_cache=False).logits[0]
+        n = len(e.input_ids)
+        suppressed = torch.tensor(list(self.suppressed), dtype=torch.long)
+        z = process_logits(logits[n - 1 : n - 1 + len(response)].float(), sp.spec, suppressed)
+        logp_all = torch.log_softmax(z, -1)
+        ids = torch.tensor(response, device=logp_all.device)
+        logp = logp_all.gather(-1, ids[:, None]).squeeze(-1).clamp(min=LOGP_FLOOR)
+        return Generation(
+            text=self.processor.decode(list(response)),
+            response_ids=tuple(response),
+            prompt_ids=tuple(e.input_ids),
+            logprobs=tuple(logp.tolist()),
+            entropy=tuple(entropy_of(logp_all).tolist()),
+            weight_version=version,
+            finish_reason="stop",
+            model_sizes=e.model_sizes,
+            latency_s=time.perf_counter() - t0,
+        )
 
     def _inputs(self, batch: Sequence[EncodedPrompt]) -> dict[str, torch.Tensor]:
         width = max(len(e.input_ids) for e in batch)

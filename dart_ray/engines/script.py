@@ -38,6 +38,7 @@ from dart_ray.engines.base import (
     Generation,
     PreparedRequest,
     SamplingParams,
+    refuse_forced,
 )
 from dart_ray.models.weights import PackedWeights
 from dart_ray.uitars.prompts import ChatMessage, TextPart
@@ -116,6 +117,7 @@ class ScriptEngine(Engine):
         self.scripts = read_scripts(path)
 
     def prepare(self, request: GenerateRequest, defaults: SamplingParams) -> PreparedRequest:
+        refuse_forced(request, "script")
         images = tuple(Image.open(io.BytesIO(b)) for m in request.messages for b in m.images)
         text = next_response(self.scripts, request.messages)  # a bad request fails here, alone
         return PreparedRequest(request.sampling or defaults, prompt_text=text, images=images)

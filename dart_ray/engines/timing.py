@@ -51,6 +51,7 @@ from dart_ray.engines.base import (
     PreparedRequest,
     SamplingParams,
     VersionGate,
+    refuse_forced,
 )
 from dart_ray.models.weights import PackedWeights
 from dart_ray.records import Action, ActionKind
@@ -184,6 +185,7 @@ class TimingEngine(Engine):
         self.started = time.monotonic()
 
     def prepare(self, request: GenerateRequest, defaults: SamplingParams) -> PreparedRequest:
+        refuse_forced(request, "timing")
         images = tuple(
             Image.open(io.BytesIO(b))  # the header only: the size, not the pixels
             for m in request.messages

@@ -38,6 +38,7 @@ from dart_ray.engines.base import (
     Generation,
     PreparedRequest,
     SamplingParams,
+    refuse_forced,
 )
 from dart_ray.models import lora
 from dart_ray.models.loading import PolicyProcessor, check_model_dir
@@ -111,6 +112,7 @@ class VLLMEngine(Engine):
         )
 
     def prepare(self, request: GenerateRequest, defaults: SamplingParams) -> PreparedRequest:
+        refuse_forced(request, "vllm")
         text, image_bytes = self.processor.render(request.messages)
         images = tuple(self.processor.load_images(image_bytes))
         return PreparedRequest(request.sampling or defaults, prompt_text=text, images=images)

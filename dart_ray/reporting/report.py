@@ -15,7 +15,7 @@ import logging
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import ray
 from rich.console import Console
@@ -27,6 +27,7 @@ from dart_ray.reporting.families import FamilyUsage, family_table, family_usage
 from dart_ray.reporting.figures import draw_curve, draw_system_figure, heldout_points
 from dart_ray.reporting.plots import delta_interval
 from dart_ray.reporting.summary import RunReport
+from dart_ray.rollout.seeding import SeedOutcome
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +85,13 @@ def _mean_of(rows: list[dict[str, float]], key: str) -> float | None:
 
 
 def build_report(
-    parts: Parts, before: EvalResult | None, after: EvalResult | None, wall_s: float
+    parts: Parts,
+    before: EvalResult | None,
+    after: EvalResult | None,
+    wall_s: float,
+    seeds: Sequence[SeedOutcome] = (),
 ) -> RunReport:
+    """`seeds`: the run's replay seeds (`curation.replay_seeds`), if it had any."""
     history: list[dict[str, float]] = ray.get(parts.control.history.remote())
     stats = ray.get([r.stats.remote() for r in parts.rollouters])
     cur = ray.get(parts.curator.metrics.remote())
@@ -97,6 +103,7 @@ def build_report(
     session_s = sum(s.wall_s * s.sessions for s in stats)
     syncs = [h["sync_s"] for h in history if "sync_s" in h]
     busy = sum(h.get("step_s", 0.0) + h.get("sync_s", 0.0) for h in history)
+    usage = parts.store.log.task_usage(parts.run_id)
     report = RunReport(
         run_id=parts.run_id,
         mode=parts.config.run.mode,
@@ -144,14 +151,51 @@ def build_report(
         families=[
             f.to_json()
             for f in family_usage(
-                parts.store.log.task_usage(parts.run_id),
+                usage,
                 {t.task_id: str(t.config["family"]) for t in parts.tasks if t.config.get("family")},
             )
+        ],
+        replay_seeds=[
+            {
+                **o.as_dict(),
+                "replays": int(cur.get("replays_by_task", {}).get(o.task_id, 0)),
+                "rollouts": usage.get(o.task_id, (0, 0, 0))[0],
+                "trained": usage.get(o.task_id, (0, 0, 0))[1],
+            }
+            for o in seeds
         ],
         **rollout_stats(parts),
     )
     write(report, history, parts.run_dir, parts.store.log.episode_intervals(parts.run_id))
     return report
+
+
+def seed_table(seeds: Sequence[dict[str, Any]]) -> Table:
+    """The replay seeds and the signal each task gave: a task whose all-fail groups got its
+    seed (`replays`) trained on it; `trained` counts the policy's own rows of the task."""
+    t = Table(
+        "task",
+        "seed reward",
+        "seeded",
+        "replays",
+        "rollouts",
+        "trained",
+        title=(
+            f"replay seeds: {sum(bool(s['seeded']) for s in seeds)} of {len(seeds)} written "
+            f"solutions succeeded; {sum(int(s['replays']) > 0 for s in seeds)} tasks gave signal "
+            "through them"
+        ),
+    )
+    for s in seeds:
+        t.add_row(
+            str(s["task_id"]),
+            f"{s['reward']:.2f}",
+            "yes" if s["seeded"] else f"no ({s['status']})",
+            str(s["replays"]),
+            str(s["rollouts"]),
+            str(s["trained"]),
+        )
+    return t
 
 
 def token_staleness(history: list[dict[str, float]]) -> dict[str, int]:
@@ -316,6 +360,8 @@ def render(report: RunReport, console: Console) -> None:
     console.print(t)
     if report.families:
         console.print(family_table([FamilyUsage(**f) for f in report.families]))
+    if report.replay_seeds:
+        console.print(seed_table(report.replay_seeds))
     # not in the table: a cell wraps or cuts a long path to the console's width
     console.print(
         f"outputs in {report.run_dir}: report.json, curve.png, system.png, tb/", soft_wrap=True

@@ -80,6 +80,10 @@ class RunReport:
     quarantined: dict[str, int] = field(default_factory=dict)
     """Rows settled as bad data (`RowState.QUARANTINED`), by where they broke: an unreadable
     blob, a group whose curation raised, samples that could not be packed."""
+    replay_seeds: list[dict[str, Any]] = field(default_factory=list)
+    """Per task with a written solution (`curation.replay_seeds`): its seed episode's
+    `SeedOutcome` (reward, status, whether it seeded replay), with `replays` (all-fail groups
+    it gave a success), `rollouts` and `trained` (the policy's rows of the task)."""
     heldout_split: str = ""
     """What the before/after evaluation measured: the task file and what holds it out
     (`env.heldout_tasks`, disjoint by content from the training tasks)."""

@@ -19,7 +19,9 @@ from pathlib import Path
 import ray
 
 from dart_ray.config import Config
+from dart_ray.engines.script import read_scripts
 from dart_ray.reporting.report import RunReport, build_report
+from dart_ray.rollout.seeding import SeedOutcome
 from dart_ray.run import preflight, runtime
 from dart_ray.store.episodes import log_unfinished
 from dart_ray.store.runs import finish_run
@@ -199,6 +201,7 @@ def _train(
     config = parts.config
     t0 = time.monotonic()
     before = None if stop else parts.evaluate(config.run.eval_tasks)
+    seeds = _seed_replay(parts) if config.curation.replay_seeds and not stop else []
     errors: list[BaseException] = []
     trainer = _fit_in_background(parts, errors)
     rollouts = []
@@ -235,6 +238,23 @@ def _train(
     if stop:  # a stop has a grace period (`ray job stop`: RAY_JOB_STOP_WAIT_TIME_S)
         log.warning("%s: no held-out evaluation after training (`dart-ray eval`)", stop[0])
     after = None if stop else parts.evaluate(config.run.eval_tasks)
-    report = build_report(parts, before, after, time.monotonic() - t0)
+    report = build_report(parts, before, after, time.monotonic() - t0, seeds)
     runtime.stop(parts)
     return report
+
+
+def _seed_replay(parts: runtime.Parts) -> list[SeedOutcome]:
+    """Seed the replay pool with `curation.replay_seeds`' solutions before anything trains
+    (`dart_ray.rollout.seeding`): each rollouter plays those of its tasks."""
+    path = Path(str(parts.config.curation.replay_seeds))
+    scripts = read_scripts(path)
+    outcomes = [o for r in parts.rollouters for o in ray.get(r.seed.remote(scripts))]
+    if not outcomes:
+        log.warning("curation.replay_seeds = %s: no training task has a solution there", path)
+    log.info(
+        "replay seeds: %d of %d solutions succeeded (%s)",
+        sum(o.seeded for o in outcomes),
+        len(outcomes),
+        ", ".join(f"{o.task_id}={o.reward:g}" for o in outcomes),
+    )
+    return outcomes

@@ -12,6 +12,7 @@ import signal
 import socket
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import ray
 
@@ -86,7 +87,15 @@ def _port_in_use(host: str, port: int) -> bool:
 def check_local_inputs(config: Config) -> None:
     """What a run on this machine needs from it, checked before anything starts, each a
     one-line error naming the fix. (On a cluster the model folder lives on the nodes and
-    Serve may already hold the port, so these are left to the parts there.)"""
+    Serve may already hold the port, so these are left to the parts there; the driver
+    reads `curation.replay_seeds` itself, so it is checked everywhere.)"""
+    if config.curation.replay_seeds is not None:
+        from dart_ray.engines.script import ScriptError, read_scripts
+
+        try:
+            read_scripts(Path(config.curation.replay_seeds))
+        except ScriptError as e:
+            raise ConfigError(f"curation.replay_seeds: {e}") from None
     if config.cluster.address is not None:
         return
     p = config.policy

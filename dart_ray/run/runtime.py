@@ -190,6 +190,11 @@ def start(config: Config) -> Parts:
             "policy.engine = 'script' plays written solutions: it has no weights to train; use "
             "it with `dart-ray eval` or `dart-ray serve`"
         )
+    if config.curation.replay_seeds is not None and config.policy.engine != "hf":
+        raise ConfigError(
+            "curation.replay_seeds scores the solutions under the policy (teacher forcing), "
+            f"which policy.engine = {config.policy.engine!r} cannot: use 'hf'"
+        )
     check_local_inputs(config)
     # Actors and train workers run in other working directories: every path they derive
     # from the config (the SQLite log, blobs, checkpoints) must be absolute.

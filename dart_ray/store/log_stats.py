@@ -17,6 +17,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from dart_ray.algo.curriculum import Outcome
 from dart_ray.records import Status, Trajectory
+from dart_ray.store.clock import utcnow
 from dart_ray.store.db import RetryPolicy, RowState, episode_start, rollout_run, task_stats
 from dart_ray.store.log_rows import ROW_COLS, LogRow, log_row
 
@@ -88,7 +89,34 @@ class LogStats:
         for key in sorted(agg):
             c.execute(self._upsert_task_stats(agg[key]))
 
-    def _upsert_task_stats(self, values: dict[str, Any]) -> sa.Executable:
+    def record_seed(self, t: Trajectory, uri: str) -> None:
+        """Make `t`, a written solution's successful episode (`curation.replay_seeds`), its
+        task's newest success, what success replay reads, without logging it as a rollout:
+        the task's attempts and successes stay the policy's own. A success of the policy's
+        replaces it as any newer success does."""
+        if not self.is_success(t):
+            raise ValueError(f"{t.trajectory_id}: only a success seeds replay (reward {t.reward})")
+        values = {
+            "run_id": t.run_id,
+            "task_id": t.task.task_id,
+            "attempts": 0,
+            "successes": 0,
+            "failures_env": 0,
+            "success_steps_total": 0,
+            "success_steps_max": 0,
+            "last_success_uri": uri,
+            "last_success_trajectory_id": t.trajectory_id,
+            "last_success_version": t.min_version,
+            "updated_at": utcnow(),
+        }
+
+        def txn() -> None:
+            with self.engine.begin() as c:
+                c.execute(self._upsert_task_stats(values, seed=True))
+
+        self.retry.run(txn, "record_seed")
+
+    def _upsert_task_stats(self, values: dict[str, Any], *, seed: bool = False) -> sa.Executable:
         ts = task_stats.c
         if self._mysql:
             stmt = mysql.insert(task_stats).values(values)
@@ -96,7 +124,7 @@ class LogStats:
         else:
             stmt = sqlite.insert(task_stats).values(values)
             new = stmt.excluded
-        has_success = new.successes > 0
+        has_success = sa.true() if seed else new.successes > 0
         update = {
             "attempts": ts.attempts + new.attempts,
             "successes": ts.successes + new.successes,

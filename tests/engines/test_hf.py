@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,37 @@ def test_logprobs_and_entropy_are_those_of_the_sampling_distribution(engine: HFE
     entropy = -(q * logp.nan_to_num(neginf=0.0)).sum(-1)
     assert torch.allclose(torch.tensor(g.entropy), entropy, atol=1e-4)
     assert all(lp > -float("inf") for lp in g.logprobs)  # sampled tokens are in the nucleus
+
+
+def test_a_forced_response_is_scored_as_if_the_sampler_had_drawn_it(engine: HFEngine) -> None:
+    """Teacher forcing (`GenerateRequest.forced`, what seeds the replay pool with written
+    solutions) gives a response the log-probs and entropies the sampler records when it
+    draws the same tokens: the trainer's importance weights then treat a seed as a sample
+    of the weights it was scored under. Forced and sampled requests share a batch."""
+    torch.manual_seed(0)
+    sp = SamplingParams(temperature=0.7, top_p=0.8, max_new_tokens=16)
+    reqs = [request(screens=(png((50, 90, 200), box=12), png((9, 9, 9)))), request()]
+    sampled = _run(engine, reqs, sp)
+    forced = [
+        replace(engine.prepare(r, sp), forced_ids=g.response_ids)
+        for r, g in zip(reqs, sampled, strict=True)
+    ]
+    *scored, fresh = asyncio.run(engine.generate([*forced, engine.prepare(reqs[1], sp)]))
+    for g, f in zip(sampled, scored, strict=True):
+        assert (f.response_ids, f.prompt_ids, f.model_sizes) == (
+            g.response_ids,
+            g.prompt_ids,
+            g.model_sizes,
+        )
+        assert torch.allclose(torch.tensor(f.logprobs), torch.tensor(g.logprobs), atol=1e-4)
+        assert torch.allclose(torch.tensor(f.entropy), torch.tensor(g.entropy), atol=1e-4)
+    assert fresh.response_ids and fresh.finish_reason in ("stop", "length")  # sampled
+
+    text = "Thought: script step 1 of 2.\nAction: type(content='ls ~ <x> \\n')"
+    (g,) = _run(engine, [replace(request(), forced=text)], sp)
+    assert g.text == text and g.finish_reason == "stop"
+    assert g.response_ids[-1] == engine.processor.eos_id  # the response ends as a model's
+    assert len(g.logprobs) == len(g.response_ids) and max(g.logprobs) <= 0
 
 
 def test_top_logprobs_are_the_most_likely_tokens_of_the_sampling_distribution(
