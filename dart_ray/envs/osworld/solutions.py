@@ -16,8 +16,9 @@ task text is copied here: only ids and our own actions.
     python -m dart_ray.envs.osworld.solutions --osworld ../OSWorld --out runs/osworld-local
 
 writes there `tasks.jsonl` (the solved tasks, from the checkout), `scripts.jsonl` (their
-solutions, for `policy.model_path` with the script engine) and `empty.jsonl` (each task with
-no action: must score 0).
+solutions, for `policy.model_path` with the script engine, and `curation.replay_seeds`),
+`empty.jsonl` (each task with no action: must score 0), and `train.jsonl` / `heldout.jsonl`
+(`TRAIN` and the rest: what `configs/osworld-local.toml` trains on and holds out).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from dart_ray.envs.osworld.tasks import iter_tasks, write_jsonl
@@ -230,6 +232,26 @@ LEFT_OUT: dict[str, str] = {
 """The offline-runnable tasks without a solution here, and why."""
 
 
+TRAIN = (
+    "bb5e4c0d-f964-439c-97b6-bdb9747de3f4",
+    "2ad9387a-65d8-4e33-ad5b-7580065a27ca",
+    "030eeff7-b492-4218-b312-701ec99ee0cc",
+    "3720f614-37fd-4d04-8a6b-76f54f8c222d",
+    "d52d6308-ec58-42b7-a2c9-de80e4837b2b",
+    "e19bd559-633b-4b02-940f-d946248f088e",
+    "e0df059f-28a6-4169-924f-b9623e7184cc",
+    "a462a795-fdc7-4b23-b689-e8b6df786b78",
+    "b3d4a89c-53f2-4d6b-8b6a-541fb5d205fa",
+    "8ba5ae7a-5ae5-4eab-9fcc-5dd4fe3abf89",
+    "9195653c-f4aa-453d-aa95-787f6ccfaae9",
+    "5ac2891a-eacd-4954-b339-98abba077adb",
+)
+"""What `configs/osworld-local.toml` trains on (`train.jsonl`): 12 solved tasks over chrome,
+gimp, os and vlc, 8 solved on the desktop and 4 infeasible (one per domain), each set up and
+solved in well under a minute here, so a 20-minute run seeds every one and still trains. The
+other 23 solved tasks are `heldout.jsonl`."""
+
+
 def script_lines(
     solutions: dict[str, tuple[str, list[Action]]], instructions: dict[str, str]
 ) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
@@ -256,6 +278,9 @@ def write(osworld: Path, out: Path) -> int:
     scripts, empty = script_lines(SOLUTIONS, instructions)
     for name, rows in (("scripts.jsonl", scripts), ("empty.jsonl", empty)):
         (out / name).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    train = [replace(t, split="train") for t in tasks if t.task_id in TRAIN]
+    write_jsonl(iter(train), out / "train.jsonl")
+    write_jsonl((t for t in tasks if t.task_id not in TRAIN), out / "heldout.jsonl")
     return write_jsonl(iter(tasks), out / "tasks.jsonl")
 
 

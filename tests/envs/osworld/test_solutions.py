@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from dart_ray.engines.script import next_response, read_scripts
-from dart_ray.envs.osworld.solutions import LEFT_OUT, SOLUTIONS, main
+from dart_ray.envs.osworld.solutions import LEFT_OUT, SOLUTIONS, TRAIN, main
 from dart_ray.records import ActionKind
 from dart_ray.uitars.actions import parse_action
 from dart_ray.uitars.prompts import Turn, build_messages
@@ -54,6 +54,17 @@ def test_the_files_written_are_what_the_script_engine_and_eval_read(tmp_path: Pa
     tasks = [json.loads(line) for line in (out / "tasks.jsonl").read_text().splitlines()]
     assert {t["task_id"] for t in tasks} == set(SOLUTIONS)
     assert all(t["config"]["family"] == SOLUTIONS[t["task_id"]][0] for t in tasks)
+    # what configs/osworld-local.toml trains on and holds out: disjoint, together all
+    train, heldout = (
+        [json.loads(line) for line in (out / f"{n}.jsonl").read_text().splitlines()]
+        for n in ("train", "heldout")
+    )
+    assert [t["task_id"] for t in train] == [t for t in SOLUTIONS if t in TRAIN] and len(
+        train
+    ) >= 10
+    assert {t["split"] for t in train} == {"train"} and {t["split"] for t in heldout} == {"heldout"}
+    assert {t["task_id"] for t in heldout} == set(SOLUTIONS) - set(TRAIN)
+    assert len({SOLUTIONS[t][0] for t in TRAIN}) >= 4
     scripts = read_scripts(out / "scripts.jsonl")
     empty = read_scripts(out / "empty.jsonl")
     for task_id, (_, actions) in SOLUTIONS.items():
