@@ -54,23 +54,47 @@ def draw(sizes: dict[int, dict[str, Any]], out: Path) -> Path:
     return out
 
 
+def _measured(r: dict[str, Any], a: Any) -> int:
+    """The pool size of a decoupling.py result measured as this run would (every mode, the
+    same minutes and scale); 0 if it was not, so it is measured again."""
+    args = r.get("args", {})
+    same = (
+        {m["mode"] for m in r.get("modes", [])} >= set(MODES)
+        and float(args.get("minutes", -1)) == a.minutes
+        and float(args.get("scale", -1)) == a.scale
+    )
+    return int(args.get("sessions", 0)) if same else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__, "decoupling-scaling")
     p.add_argument("--sizes", default="8,16,32,64,128", help="comma-separated session counts")
     p.add_argument("--minutes", type=float, default=4.0, help="wall budget of each mode")
     p.add_argument("--scale", type=float, default=0.1, help="timing.scale")
     p.add_argument("--port", type=int, default=8260, help="first policy port")
+    p.add_argument(
+        "--reuse",
+        nargs="*",
+        type=Path,
+        default=[],
+        help="decoupling.py results to take a size from instead of measuring it again (each "
+        "must be of every mode at this --minutes and --scale; its date and commit are kept)",
+    )
     bench = Bench.start(p, argv)
     a = bench.args
+    reused = {n: (f, r) for f in a.reuse if (n := _measured(r := json.loads(f.read_text()), a))}
     sizes: dict[int, dict[str, Any]] = {}
     for n in (int(s) for s in a.sizes.split(",")):
-        out = RESULTS / f"decoupling-{n}.json"
-        argv_n = ["--minutes", str(a.minutes), "--scale", str(a.scale), "--sessions", str(n),
-                  "--modes", ",".join(MODES), "--port", str(a.port), "--out", str(out)]  # fmt: skip
-        decoupling.main(argv_n)
-        r = json.loads(out.read_text())
+        out, r = reused.get(n, (RESULTS / f"decoupling-{n}.json", None))
+        if r is None:
+            argv_n = ["--minutes", str(a.minutes), "--scale", str(a.scale), "--sessions", str(n),
+                      "--modes", ",".join(MODES), "--port", str(a.port), "--out", str(out)]  # fmt: skip
+            decoupling.main(argv_n)
+            r = json.loads(out.read_text())
         sizes[n] = {
-            "file": str(out.relative_to(RESULTS.parents[1])),
+            "file": str(out.resolve().relative_to(RESULTS.parents[1])),
+            "date": r.get("date"),
+            "git_commit": r.get("git_commit"),
             "baseline": r.get("baseline"),
             "samples_per_hour_ratio": r.get("samples_per_hour_ratio"),
             "stale_dropped_frac": r.get("stale_dropped_frac"),
