@@ -214,6 +214,18 @@ def _eval_on_ray_parses(cmd: str) -> None:
     _tested("tests/engines/test_script.py::test_eval_on_ray_plays_in_env_session_actors")
 
 
+def _osworld_train_parses(cmd: str) -> None:
+    """`dart-ray train` on OSWorld's tasks needs a checkout and the profile (20 minutes; what
+    it measured is in docs/ENVIRONMENTS.md): the parser accepts it, the config loads, and
+    tests/test_driver.py trains through the same seeding on MiniDesk."""
+    args = build_parser().parse_args(shlex.split(cmd)[1:])
+    load_config(REPO / args.config, args.overrides)
+    _tested(
+        "tests/test_driver.py::"
+        "test_written_solutions_seed_replay_so_a_policy_that_never_succeeds_trains"
+    )
+
+
 @dataclass(frozen=True)
 class How:
     kind: str  # "run" | "flags" | "check"
@@ -296,6 +308,14 @@ HOW: dict[str, How] = {
     # needs an OSWorld checkout and the profile: the eval's path runs on MiniDesk in its test,
     # the solutions' files in theirs; docs/ENVIRONMENTS.md has what it measured here
     r"dart-ray eval --ray -c configs/osworld-local\.toml .*": How("check", _eval_on_ray_parses),
+    r"dart-ray train -c configs/osworld-local\.toml": How("check", _osworld_train_parses),
+    r"dart-ray audit <run id>": How(
+        "check",
+        _covered(
+            "tests/test_driver.py::"
+            "test_written_solutions_seed_replay_so_a_policy_that_never_succeeds_trains"
+        ),
+    ),
     r"make osworld-eval( OSWORLD=\S+)?( SCRIPTS=\S+)?": How(
         "check",
         _covered(
