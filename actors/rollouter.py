@@ -33,7 +33,7 @@ from actors.env_host import resolve_session
 from dart_ray.algo.curriculum import Backoff
 from dart_ray.config import Config
 from dart_ray.engines.base import SamplingParams
-from dart_ray.records import PackedTasks, Status, Trajectory
+from dart_ray.records import PackedTasks, Status, Task, Trajectory
 from dart_ray.rollout.admission import Pace, may_open_group, slow_group_s
 from dart_ray.rollout.episode import (
     EpisodeSettings,
@@ -45,7 +45,7 @@ from dart_ray.rollout.episode import (
 )
 from dart_ray.rollout.history import LogHistory
 from dart_ray.rollout.scheduler import PlannedSlot, Scheduler, TaskHistory
-from dart_ray.rollout.seeding import SeedOutcome, play_seeds, seedable
+from dart_ray.rollout.seeding import ReplaySeeder, ScriptedPolicy, SeedOutcome
 from dart_ray.store import EpisodeStart, open_store
 from dart_ray.store.episodes import log_unfinished
 
@@ -72,6 +72,8 @@ class RolloutReport:
     """Seconds during which admission held sessions idle (at least one free, none started)."""
     backoff_skips: int = 0
     """Task visits back-off skipped (tasks without signal in their recent groups)."""
+    seeds_again: Counter[str] = field(default_factory=Counter)
+    """Replay seeds played again by task, once their task's newest success had aged."""
 
     @property
     def occupancy(self) -> float:
@@ -170,6 +172,8 @@ class Rollouter:
         self._active = 0
         self._first_run: float | None = None
         self._curator = curator
+        self._seeder: ReplaySeeder | None = None
+        """The replay pool's seeds, once `seed` has been called (`curation.replay_seeds`)."""
         self._pace: Pace | None = None
         self._pace_read_at = 0.0
         self._rows_logged = 0
@@ -242,41 +246,53 @@ class Rollouter:
 
     async def seed(self, scripts: dict[str, list[str]]) -> list[SeedOutcome]:
         """Seed the replay pool with written solutions of this rollouter's tasks, at the
-        current version, before `run` (`dart_ray.rollout.seeding`). A task that has a
-        success within the staleness bound already (a resumed run) keeps it."""
+        current version, before `run` (`dart_ray.rollout.seeding`); `run` seeds a task again
+        when a group of it opens and its newest success has aged. A task with a fresh
+        success already (a resumed run) keeps it."""
         await self._adopt_pool_sessions()
-        bound = self.c.curation.max_staleness
+        store = self.store
 
-        def fresh(task_id: str) -> bool:
-            s = self.store.log.task_stat(self.run_id, task_id)
-            v = None if s is None else s.last_success_version
-            return v is not None and self.version - v <= bound
+        def last_success(task_id: str) -> int | None:
+            stats = store.log.task_stat(self.run_id, task_id)
+            return None if stats is None else stats.last_success_version
 
-        tasks = [t for t in self._tasks.values() if not fresh(t.task_id)]
-
-        def keep(t: Trajectory) -> bool:
-            if not self.store.log.is_success(t):
+        def record(t: Trajectory) -> bool:
+            if not store.log.is_success(t):
                 return False
-            self.store.log.record_seed(t, self.store.blobs.write(t))
+            store.log.record_seed(t, store.blobs.write(t))
             return True
 
-        outcomes = await play_seeds(
-            seedable(tasks, scripts),
-            scripts,
-            [RaySession(s) for s in self.sessions],
-            self.policy,
+        self._seeder = ReplaySeeder(
+            ScriptedPolicy(self.policy, scripts),
             self.settings,
             run_id=self.run_id,
-            version=self.version,
-            keep=keep,
+            bound=self.c.curation.max_staleness,
+            last_success=last_success,
+            record=record,
         )
+        sessions = [RaySession(s) for s in self.sessions]
+        outcomes = await self._seeder.play(list(self._tasks.values()), sessions, self.version)
         log.info(
-            "%s: %d of %d replay seeds succeeded",
+            "%s: %d of %d seeds succeeded",
             self.name,
             sum(o.seeded for o in outcomes),
             len(outcomes),
         )
         return outcomes
+
+    async def _reseed(self, task: Task) -> None:
+        """Play `task`'s seed again on a free session if its newest success has aged (before
+        a group of it opens): the replay pool's seeds age as any success does."""
+        if self._seeder is None or not await self._seeder.due(task, self.version):
+            return
+        session = await self.idle.get()
+        t0 = time.monotonic()
+        try:
+            (outcome,) = await self._seeder.play([task], [RaySession(session)], self.version)
+        finally:
+            self.report.episode_s += time.monotonic() - t0  # the session was busy
+            self.idle.put_nowait(session)
+        self.report.seeds_again[task.task_id] += outcome.seeded
 
     # ------------------------------------------------------------------ the loop
 
@@ -313,9 +329,10 @@ class Rollouter:
                 room = min(self.c.rollout.in_flight, len(self.sessions))
                 while len(running) < room and may_start():
                     slot = await asyncio.to_thread(self.scheduler.next_slot)
+                    first = slot.group_id not in self._remaining
                     self._remaining.setdefault(slot.group_id, slot.group_size)
                     self._opened.setdefault(slot.group_id, time.monotonic())
-                    running.add(asyncio.create_task(self._slot(slot)))
+                    running.add(asyncio.create_task(self._slot(slot, first)))
                 held = admit and len(running) < room and not self._stop
                 if not running and not held:
                     break
@@ -373,8 +390,11 @@ class Rollouter:
             self.report.wall_s = time.monotonic() - self._first_run
             self._metrics.occupancy.set(self.report.occupancy)
 
-    async def _slot(self, planned: PlannedSlot) -> None:
-        """One rollout slot: an episode, its retries on ABORTED, and the final record."""
+    async def _slot(self, planned: PlannedSlot, first: bool = False) -> None:
+        """One rollout slot: an episode, its retries on ABORTED, and the final record; the
+        `first` of its group plays the task's replay seed again first if it has aged."""
+        if first:
+            await self._reseed(planned.task)
         trace = ""
         for attempt in range(self.c.rollout.max_retries + 1):
             traj = await self._episode(planned, trace)

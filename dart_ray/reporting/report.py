@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -104,6 +105,9 @@ def build_report(
     syncs = [h["sync_s"] for h in history if "sync_s" in h]
     busy = sum(h.get("step_s", 0.0) + h.get("sync_s", 0.0) for h in history)
     usage = parts.store.log.task_usage(parts.run_id)
+    again: Counter[str] = Counter()
+    for s in stats:
+        again.update(s.seeds_again)
     report = RunReport(
         run_id=parts.run_id,
         mode=parts.config.run.mode,
@@ -159,6 +163,7 @@ def build_report(
             {
                 **o.as_dict(),
                 "replays": int(cur.get("replays_by_task", {}).get(o.task_id, 0)),
+                "again": again[o.task_id],
                 "rollouts": usage.get(o.task_id, (0, 0, 0))[0],
                 "trained": usage.get(o.task_id, (0, 0, 0))[1],
             }
@@ -171,8 +176,10 @@ def build_report(
 
 
 def seed_table(seeds: Sequence[dict[str, Any]]) -> Table:
-    """The replay seeds and the signal each task gave: a task whose all-fail groups got its
-    seed (`replays`) trained on it; `trained` counts the policy's own rows of the task."""
+    """The replay seeds and the signal each task gave: `again` counts the times its seed was
+    played again once it had aged; a task whose all-fail groups got its seed (`replays`)
+    trained on it;
+    `trained` counts the policy's own rows of the task."""
     t = Table(
         "task",
         "seed reward",
@@ -191,6 +198,7 @@ def seed_table(seeds: Sequence[dict[str, Any]]) -> Table:
             str(s["task_id"]),
             f"{s['reward']:.2f}",
             "yes" if s["seeded"] else f"no ({s['status']})",
+            str(s.get("again", 0)),
             str(s["replays"]),
             str(s["rollouts"]),
             str(s["trained"]),

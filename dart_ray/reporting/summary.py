@@ -82,8 +82,9 @@ class RunReport:
     blob, a group whose curation raised, samples that could not be packed."""
     replay_seeds: list[dict[str, Any]] = field(default_factory=list)
     """Per task with a written solution (`curation.replay_seeds`): its seed episode's
-    `SeedOutcome` (reward, status, whether it seeded replay), with `replays` (all-fail groups
-    it gave a success), `rollouts` and `trained` (the policy's rows of the task)."""
+    `SeedOutcome` (reward, status, whether it seeded replay), with `again` (its seed played
+    again once it had aged), `replays` (all-fail groups it gave a success), `rollouts` and
+    `trained` (the policy's rows of the task)."""
     heldout_split: str = ""
     """What the before/after evaluation measured: the task file and what holds it out
     (`env.heldout_tasks`, disjoint by content from the training tasks)."""

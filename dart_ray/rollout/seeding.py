@@ -11,7 +11,9 @@ those weights and the staleness bound applies to it like to any replay. A seed t
 succeeds becomes its task's newest success (`DurableLog.record_seed`): not a logged rollout
 (the curator never claims it; the task's attempts and successes are the policy's own),
 only what replay gives an all-fail group while it is fresh enough, and until the policy's
-own success replaces it.
+own success replaces it. A seed ages like any success: when a group of a task opens and its
+newest success has used half the staleness bound (`needs_seed`), the rollouter plays the
+seed again at the current weights first, so a task keeps its signal for the whole run.
 """
 
 from __future__ import annotations
@@ -88,33 +90,35 @@ class SeedOutcome:
         return asdict(self)
 
 
-def seedable(tasks: Sequence[Task], scripts: Mapping[str, list[str]]) -> list[Task]:
-    """The tasks a script answers (matched by instruction, as the script engine matches)."""
-    return [t for t in tasks if t.instruction.strip() in scripts]
+def needs_seed(last_success_version: int | None, version: int, bound: int) -> bool:
+    """Whether a task should be seeded (again) before a group of it opens at `version`: it
+    has no success, or its newest one has used more than half the staleness bound `bound`,
+    so it could be past the bound by the time the group is curated (the versions published
+    while the group plays)."""
+    return last_success_version is None or version - last_success_version > bound // 2
 
 
 async def play_seeds(
     tasks: Sequence[Task],
-    scripts: Mapping[str, list[str]],
+    scripted: ScriptedPolicy,
     sessions: Sequence[Session],
-    policy: Policy,
     settings: EpisodeSettings,
     *,
     run_id: str,
     version: int,
     keep: Callable[[Trajectory], bool],
 ) -> list[SeedOutcome]:
-    """Play each of `tasks` once with its script over `sessions` (one episode per session at
-    a time). `keep(t)` (in a thread: it writes) gets every scored episode and returns whether
-    it seeded the replay pool (a success it recorded). Outcomes in `tasks`' order."""
-    scripted = ScriptedPolicy(policy, scripts)
+    """Play each of `tasks` once with its script (`scripted`, which keeps the model frames
+    it learnt between calls) over `sessions`, one episode per session at a time. `keep(t)`
+    (in a thread: it writes) gets every scored episode and returns whether it seeded the
+    replay pool (a success it recorded). Outcomes in `tasks`' order."""
     idle: asyncio.Queue[Session] = asyncio.Queue()
     for s in sessions:
         idle.put_nowait(s)
 
     async def one(task: Task) -> SeedOutcome:
         slot = Slot(f"{run_id}/seed/{task.task_id}", 1, "", version, run_id)
-        steps = max(settings.max_steps, len(scripts[task.instruction.strip()]) + 1)
+        steps = max(settings.max_steps, len(scripted.scripts[task.instruction.strip()]) + 1)
         session = await idle.get()
         try:
             t = await run_episode(session, scripted, task, slot, replace(settings, max_steps=steps))
@@ -124,3 +128,50 @@ async def play_seeds(
         return SeedOutcome(task.task_id, t.reward, t.status.value, t.num_steps, ok, t.error)
 
     return list(await asyncio.gather(*(one(t) for t in tasks)))
+
+
+class ReplaySeeder:
+    """One rollouter's replay seeds: the first seeding of its tasks and their renewal.
+
+    `last_success(task_id)` reads a task's newest success version from the log (None: none);
+    `record(t)` records a seed episode that succeeded and says whether it did (a failure is
+    not recorded). Both block: they run in a thread."""
+
+    def __init__(
+        self,
+        scripted: ScriptedPolicy,
+        settings: EpisodeSettings,
+        *,
+        run_id: str,
+        bound: int,
+        last_success: Callable[[str], int | None],
+        record: Callable[[Trajectory], bool],
+    ) -> None:
+        self.scripted = scripted
+        self.settings = settings
+        self.run_id = run_id
+        self.bound = bound
+        self.last_success = last_success
+        self.record = record
+
+    async def due(self, task: Task, version: int) -> bool:
+        """`task` has a script and no fresh enough success (`needs_seed`)."""
+        if task.instruction.strip() not in self.scripted.scripts:
+            return False
+        last = await asyncio.to_thread(self.last_success, task.task_id)
+        return needs_seed(last, version, self.bound)
+
+    async def play(
+        self, tasks: Sequence[Task], sessions: Sequence[Session], version: int
+    ) -> list[SeedOutcome]:
+        """Seed each of `tasks` that is `due` over `sessions` (`play_seeds`)."""
+        due = [t for t in tasks if await self.due(t, version)]
+        return await play_seeds(
+            due,
+            self.scripted,
+            sessions,
+            self.settings,
+            run_id=self.run_id,
+            version=version,
+            keep=self.record,
+        )

@@ -18,7 +18,7 @@ from dart_ray.envs.minidesk.oracle import oracle_action
 from dart_ray.evaluation.local import LocalPolicy, LocalSession
 from dart_ray.records import Trajectory
 from dart_ray.rollout.episode import EpisodeSettings
-from dart_ray.rollout.seeding import in_frame, play_seeds, seedable
+from dart_ray.rollout.seeding import ReplaySeeder, ScriptedPolicy, in_frame, needs_seed
 from dart_ray.store.blobs import BlobStore
 from dart_ray.store.log import DurableLog
 from dart_ray.uitars.geometry import CoordinateMap
@@ -47,7 +47,6 @@ def test_a_solution_is_played_in_the_env_with_the_policys_own_tokens_and_log_pro
         x, y = oracle_action(desk).point  # type: ignore[misc]
         scripts[task.instruction] = [f"click(start_box='({x:.0f},{y:.0f})')"]
     scripts[tasks[2].instruction] = ["click(start_box='(1,1)')"]
-    assert seedable(tasks, scripts) == tasks[:3]
 
     engine = HFEngine(tiny_model_dir)
     policy = LocalPolicy(engine, SamplingParams(temperature=1.0, max_new_tokens=8))
@@ -65,18 +64,16 @@ def test_a_solution_is_played_in_the_env_with_the_policys_own_tokens_and_log_pro
         kept.append(t)
         return True
 
-    outcomes = asyncio.run(
-        play_seeds(
-            tasks[:3],
-            scripts,
-            [LocalSession(config), LocalSession(config)],
-            policy,
-            EpisodeSettings(max_steps=1, history_turns=5),  # a seed gets its script's length
-            run_id="run-a",
-            version=3,
-            keep=keep,
-        )
+    seeder = ReplaySeeder(
+        ScriptedPolicy(policy, scripts),
+        EpisodeSettings(max_steps=1, history_turns=5),  # a seed gets its script's length
+        run_id="run-a",
+        bound=4,
+        last_success=lambda task_id: None,
+        record=keep,
     )
+    sessions = [LocalSession(config), LocalSession(config)]
+    outcomes = asyncio.run(seeder.play(tasks, sessions, version=3))  # the 4th has no script
     assert [(o.task_id, o.reward, o.seeded) for o in outcomes] == [
         (tasks[0].task_id, 1.0, True),
         (tasks[1].task_id, 1.0, True),
@@ -94,6 +91,20 @@ def test_a_solution_is_played_in_the_env_with_the_policys_own_tokens_and_log_pro
         assert tuple(click.response_ids) == want
         assert all(lp < 0 for lp in click.behaviour_logprobs)  # the policy's, not the script's
         assert len(click.entropy) == len(click.response_ids)
+
+    # renewal: a task is due once its newest success has used half the bound
+    seeder.last_success = lambda task_id: 3
+    due = [asyncio.run(seeder.due(tasks[0], v)) for v in (5, 6)]
+    assert due == [False, True] and not asyncio.run(seeder.due(tasks[3], 9))  # no script
+
+
+def test_a_task_is_seeded_again_once_its_success_has_used_half_the_bound() -> None:
+    # bound 4: a success of version 3 serves groups opened up to version 5 (lag 2), then
+    # one opened at 6 could be curated past the bound (the versions its episodes take)
+    assert [needs_seed(3, v, 4) for v in (3, 4, 5, 6, 9)] == [False, False, False, True, True]
+    assert needs_seed(None, 0, 4)  # never succeeded
+    assert [needs_seed(2, v, 0) for v in (2, 3)] == [False, True]  # on-policy: every version
+    assert [needs_seed(0, v, 1) for v in (0, 1)] == [False, True]
 
 
 def test_a_seed_is_replayed_into_an_all_fail_group_and_counts_as_no_attempt(
