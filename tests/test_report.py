@@ -149,3 +149,35 @@ def test_family_usage_sums_tasks_and_divides() -> None:
     text = console.export_text()
     # all: 34 rollouts for 7 trained rows -> 4.86
     assert "type-field" in text and "4.86" in text and "1.33" in text
+
+
+def test_the_seed_table_names_every_column_and_whole_task_ids_at_80_columns() -> None:
+    """The run's "replay seeds" table (curation.replay_seeds): an OSWorld id is 36
+    characters, and a console of 80 cut ids and lost the `again` header before."""
+    from rich.console import Console
+
+    from dart_ray.reporting.report import seed_table
+
+    ids = ["bb5e4c0d-f964-439c-97b6-bdb9747de3f4", "5ac2891a-eacd-4954-b339-98abba077adb"]
+    seeds = [
+        {"task_id": ids[0], "reward": 1.0, "status": "OK", "seeded": True, "again": 2,
+         "replays": 3, "rollouts": 12, "trained": 9},
+        {"task_id": ids[1], "reward": 0.0, "status": "TRUNCATED", "seeded": False, "again": 0,
+         "replays": 0, "rollouts": 4, "trained": 0},
+    ]  # fmt: skip
+    console = Console(width=80, record=True)
+    console.print(seed_table(seeds))
+    text = console.export_text()
+    assert "1 of 2 succeeded; 1 tasks gave signal" in text
+    for header in ("task", "seed", "again", "replays", "rollouts", "trained"):
+        assert header in text
+    task_cells = "".join(
+        line.split("│")[1].strip() for line in text.splitlines() if line.startswith("│")
+    )
+    assert task_cells == "".join(ids)  # folded onto more lines where it must, never cut
+    rows = [
+        [c.strip() for c in line.split("│")[2:7]]
+        for line in text.splitlines()
+        if "1.00" in line or "0.00" in line
+    ]
+    assert rows == [["1.00", "2", "3", "12", "9"], ["0.00 (TRUNCATED)", "0", "0", "4", "0"]]

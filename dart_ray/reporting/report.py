@@ -176,32 +176,24 @@ def build_report(
 
 
 def seed_table(seeds: Sequence[dict[str, Any]]) -> Table:
-    """The replay seeds and the signal each task gave: `again` counts the times its seed was
-    played again once it had aged; a task whose all-fail groups got its seed (`replays`)
-    trained on it;
-    `trained` counts the policy's own rows of the task."""
+    """The replay seeds and the signal each task gave (`RunReport.replay_seeds`): `seed`, the
+    reward of its first seed episode; `again`, the times its seed was played again once it
+    had aged; `replays`, the all-fail groups it gave a success; `trained`, the policy's own
+    rows of the task that trained (a replayed group still queued at the end has none yet)."""
+    gave = sum(int(s["replays"]) > 0 for s in seeds)
     t = Table(
-        "task",
-        "seed reward",
-        "seeded",
-        "replays",
-        "rollouts",
-        "trained",
-        title=(
-            f"replay seeds: {sum(bool(s['seeded']) for s in seeds)} of {len(seeds)} written "
-            f"solutions succeeded; {sum(int(s['replays']) > 0 for s in seeds)} tasks gave signal "
-            "through them"
-        ),
+        title=f"replay seeds: {sum(bool(s['seeded']) for s in seeds)} of {len(seeds)} "
+        f"succeeded; {gave} tasks gave signal through them"
     )
+    t.add_column("task", overflow="fold")
+    for name in ("seed", "again", "replays", "rollouts", "trained"):
+        t.add_column(name, justify="right", no_wrap=True)
     for s in seeds:
+        seeded = f"{s['reward']:.2f}" if s["seeded"] else f"{s['reward']:.2f} ({s['status']})"
         t.add_row(
             str(s["task_id"]),
-            f"{s['reward']:.2f}",
-            "yes" if s["seeded"] else f"no ({s['status']})",
-            str(s.get("again", 0)),
-            str(s["replays"]),
-            str(s["rollouts"]),
-            str(s["trained"]),
+            seeded,
+            *(str(s.get(k, 0)) for k in ("again", "replays", "rollouts", "trained")),
         )
     return t
 
