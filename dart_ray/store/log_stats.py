@@ -39,6 +39,23 @@ class TaskStats:
         return self.successes / self.attempts if self.attempts else 0.0
 
 
+def _no_stats(t: Trajectory, now: datetime) -> dict[str, Any]:
+    """A `task_stats` row of `t`'s task that counts nothing yet."""
+    return {
+        "run_id": t.run_id,
+        "task_id": t.task.task_id,
+        "attempts": 0,
+        "successes": 0,
+        "failures_env": 0,
+        "success_steps_total": 0,
+        "success_steps_max": 0,
+        "last_success_uri": None,
+        "last_success_trajectory_id": None,
+        "last_success_version": None,
+        "updated_at": now,
+    }
+
+
 class LogStats:
     """The statistics half of `DurableLog` (which sets these attributes in its constructor)."""
 
@@ -57,22 +74,7 @@ class LogStats:
     ) -> None:
         agg: dict[tuple[str, str], dict[str, Any]] = {}
         for t, uri in new:
-            a = agg.setdefault(
-                (t.run_id, t.task.task_id),
-                {
-                    "run_id": t.run_id,
-                    "task_id": t.task.task_id,
-                    "attempts": 0,
-                    "successes": 0,
-                    "failures_env": 0,
-                    "success_steps_total": 0,
-                    "success_steps_max": 0,
-                    "last_success_uri": None,
-                    "last_success_trajectory_id": None,
-                    "last_success_version": None,
-                    "updated_at": now,
-                },
-            )
+            a = agg.setdefault((t.run_id, t.task.task_id), _no_stats(t, now))
             if not t.status.trainable:
                 a["failures_env"] += 1
                 continue
@@ -96,18 +98,10 @@ class LogStats:
         replaces it as any newer success does."""
         if not self.is_success(t):
             raise ValueError(f"{t.trajectory_id}: only a success seeds replay (reward {t.reward})")
-        values = {
-            "run_id": t.run_id,
-            "task_id": t.task.task_id,
-            "attempts": 0,
-            "successes": 0,
-            "failures_env": 0,
-            "success_steps_total": 0,
-            "success_steps_max": 0,
+        values = _no_stats(t, utcnow()) | {
             "last_success_uri": uri,
             "last_success_trajectory_id": t.trajectory_id,
             "last_success_version": t.min_version,
-            "updated_at": utcnow(),
         }
 
         def txn() -> None:
