@@ -1,0 +1,43 @@
+"""scripts/content_keys.py compares a suite here with the same suite at a commit, rendered
+under that commit's code in a worktree: against HEAD every split equals itself and nothing
+else (the shipped suites are disjoint by content), and the worktree is gone afterwards."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _module():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location(
+        "content_keys", REPO / "scripts" / "content_keys.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["content_keys"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_suite_against_itself_at_head_overlaps_only_split_by_split(tmp_path: Path) -> None:
+    ck = _module()
+    trees = subprocess.run(
+        ["git", "-C", str(REPO), "worktree", "list"], capture_output=True, text=True, check=True
+    ).stdout
+    config = "configs/default.toml"
+    now = ck.keys(str(REPO / config))
+    at_head = ck.keys_at("HEAD", config)
+    assert set(now) == set(at_head) == {"train", "validation", "heldout", "ood"}
+    counts = ck.overlap(now, at_head)
+    for split, row in counts.items():
+        assert row[split] == len(now[split]) > 0, split
+        assert all(n == 0 for other, n in row.items() if other != split), (split, row)
+    assert len(now["heldout"]) == 300  # each held-out content once
+    after = subprocess.run(
+        ["git", "-C", str(REPO), "worktree", "list"], capture_output=True, text=True, check=True
+    ).stdout
+    assert after == trees
