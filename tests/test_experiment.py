@@ -82,6 +82,11 @@ def test_summarise_fills_the_contract_from_the_scores() -> None:
             "lr0": {"kind": "lr0", "seeds": [seed(0, "a")]},
         },
     }
+    # rl's runs started 100 and 300 rollouts and dropped 2 and 6 stale: 8 of 400, 2.0%;
+    # lr0's run is from before the runs recorded it (no "started"): no share
+    rl_runs = result["arms"]["rl"]["seeds"]  # type: ignore[index]
+    for s, (started, stale) in zip(rl_runs, [(100, 2), (300, 6)], strict=True):
+        s |= {"started": started, "dropped": {"stale": stale, "no_signal": 40}}
     summarise(result)
     rl, lr0 = result["arms"]["rl"], result["arms"]["lr0"]
     assert rl["mean_lift"] == pytest.approx(0.375)
@@ -91,8 +96,9 @@ def test_summarise_fills_the_contract_from_the_scores() -> None:
     assert rl["lift_ci95"][0] <= 0.375 <= rl["lift_ci95"][1]
     assert lr0["rl_minus_this"]["diff"] == pytest.approx(0.375)
     assert lr0["n_seeds"] == 1 and "rl_minus_this" not in rl
+    assert rl["stale_frac"] == pytest.approx(0.02) and "stale_frac" not in lr0
     lines = table(result)
-    assert any("rl" in ln and "+37.5" in ln for ln in lines)
+    assert any("rl" in ln and "+37.5" in ln and "2.0% stale" in ln for ln in lines)
     json.dumps(result)  # the contract is JSON
 
 
@@ -124,6 +130,10 @@ def test_a_small_experiment_runs_every_kind_of_arm_and_writes_the_contract(
         assert len(arm["lift_ci95"]) == 2 and np.isfinite(arm["mean_lift"])
         assert Path(run["model"]).is_dir()
     assert saved["arms"]["rft"]["seeds"][0]["versions"] >= 1
+    # where the rollouts went (issue 44: each run's stale share and the admission's idle time)
+    rl = saved["arms"]["rl"]["seeds"][0]
+    assert rl["started"] >= 1 and rl["admission_held_s"] >= 0
+    assert 0 <= rl["dropped"].get("stale", 0) <= rl["started"]
     assert saved["arms"]["sft"]["seeds"][0]["sft_steps"] >= 1
     assert "rl_minus_this" in saved["arms"]["rft"]
     assert result["arms"]["rl"]["seeds"][0]["before"] == saved["arms"]["sft"]["seeds"][0]["before"]

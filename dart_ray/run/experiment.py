@@ -237,7 +237,9 @@ def run_one(spec: ExperimentSpec, arm: str, seed: int, sft_minutes: float | None
         "versions": report["versions"],
         "minutes": report["wall_s"] / 60,
         "rollouts": sum(report["trajectories"].values()),
+        "started": report.get("rollouts_started", 0),
         "dropped": report["dropped"],
+        "admission_held_s": report.get("admission_held_s", 0.0),
         "wall_minutes": (time.monotonic() - t0) / 60,
         "command": f"dart-ray train -c {spec.config} {' '.join(overrides)}",
     }
@@ -256,7 +258,13 @@ def _before(result: dict[str, Any], arm: dict[str, Any], split: str) -> dict[str
 
 def summarise(result: dict[str, Any]) -> None:
     """Fill every arm's statistics from its seeds' scores (in place): per split the mean
-    lift with its interval and spread, and each arm against `rl`. Rates are 0..1."""
+    lift with its interval and spread, and each arm against `rl`; per arm the share of its
+    runs' started rollouts dropped stale. Rates are 0..1."""
+    for arm in result["arms"].values():
+        counted = [s for s in arm["seeds"] if s.get("started")]
+        if counted:
+            stale = sum(s["dropped"].get("stale", 0) for s in counted)
+            arm["stale_frac"] = stale / sum(s["started"] for s in counted)
     for split, tasks in result["tasks"].items():
         scores, befores = {}, {}
         for name, arm in result["arms"].items():
@@ -385,6 +393,8 @@ def table(result: dict[str, Any]) -> list[str]:
                 f"  {name:<8} {st['n_seeds']} seeds  lift {100 * st['mean_lift']:+.1f} "
                 f"({100 * lo:+.1f}..{100 * hi:+.1f}), runs {100 * st['lift_min']:+.1f}..{100 * st['lift_max']:+.1f}"
             )
+            if "stale_frac" in arm:
+                row += f", {100 * arm['stale_frac']:.1f}% stale"
             if "rl_minus_this" in st:
                 d = st["rl_minus_this"]
                 row += f"; rl - {name} {100 * d['diff']:+.1f} ({100 * d['ci95'][0]:+.1f}..{100 * d['ci95'][1]:+.1f})"
