@@ -12,81 +12,28 @@ Each line of a ```bash block in README.md and docs/*.md must match exactly one e
   rest, which must exist.
 
 A new command in the docs without an entry fails `test_every_doc_command_has_a_test`.
-
-Every ```python block is run (in-process, in a scratch folder; a block that uses Ray runs on
-the session's local Ray under the `ray` marker), unless its first line is
-`# not run: <why>`: an interface sketch or a fragment of a larger loop, which is compiled
-only. The marker shows in the docs, so a reader knows which snippets to paste and run.
-
-Every ```sql block is run against a durable log filled through the real API (on SQLite, and
-on MariaDB under the `mysql` marker) and must return rows, unless it starts with
-`-- expect: no rows`.
+The ```sql and ```python blocks: tests/test_doc_blocks.py.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 import shlex
 import subprocess
 import sys
-import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
-import sqlalchemy as sa
 import yaml
-from sqlalchemy.engine import Engine
 
 from dart_ray.cli import build_parser
 from dart_ray.config import load_config
-from dart_ray.records import Status
-from dart_ray.store.checkpoints import CheckpointRegistry
-from dart_ray.store.db import create_engine, init_schema
-from dart_ray.store.log import DurableLog
-from dart_ray.store.runs import register_run
-from tests.factories import make_trajectory
-
-REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-RUN_ID = "my-run"  # the run id the SQL in the docs names
-
-
-# --------------------------------------------------------------------------- extraction
-
-
-def _blocks(text: str, langs: tuple[str, ...]) -> list[str]:
-    pattern = r"^```(?:" + "|".join(langs) + r")\n(.*?)^```"
-    return re.findall(pattern, text, flags=re.M | re.S)
-
-
-def doc_commands() -> list[tuple[str, str]]:
-    """(where, command) for every command line of every bash block, continuations joined
-    and trailing comments removed."""
-    out = []
-    for path in DOC_FILES:
-        for block in _blocks(path.read_text(), ("bash", "sh", "shell")):
-            for line in block.replace("\\\n", " ").splitlines():
-                cmd = re.sub(r"\s+#.*$", "", line).strip()
-                cmd = re.sub(r"\s+", " ", cmd)
-                if cmd and not cmd.startswith("#"):
-                    out.append((path.name, cmd))
-    return out
-
-
-def doc_queries() -> list[tuple[str, str]]:
-    out = []
-    for path in DOC_FILES:
-        for block in _blocks(path.read_text(), ("sql",)):
-            out.append((path.name, block.strip()))
-    return out
-
+from dart_ray.store.db import create_engine
+from tests.doc_common import BIN, REPO, RUN_ID, doc_commands, populate
 
 # --------------------------------------------------------------------------- checks
 
@@ -389,63 +336,6 @@ def test_every_doc_command_has_a_test() -> None:
         _how(cmd)
 
 
-# --------------------------------------------------------------------------- the log
-
-
-def populate(engine: Engine) -> None:
-    """A small run through the real API: appends, a claim acknowledged into checkpoint v1,
-    a claim dropped as stale, rows left available."""
-    init_schema(engine)
-    register_run(engine, RUN_ID, "docs", {"run": {"name": "docs"}})
-    log = DurableLog(engine, success_threshold=1.0)
-    items = [
-        (
-            make_trajectory(
-                f"t{i}",
-                run_id=RUN_ID,
-                task_id=f"task-{i % 3}",
-                reward=float(i % 4 == 0),
-                version=i % 2,
-            ),
-            f"/blobs/t{i}.parquet",
-        )
-        for i in range(12)
-    ]
-    items.append(
-        (make_trajectory("env", run_id=RUN_ID, status=Status.ENV_ERROR, n_steps=0), "/b/e")
-    )
-    log.append_many(items)
-    cps = CheckpointRegistry(engine)
-    trained = log.claim(RUN_ID, 4, consumer=f"curator:{RUN_ID}", lease_s=60)
-    cid = cps.create(RUN_ID, 1)
-    cps.start(cid)
-    cps.complete(cid, "/mnt/shared/runs/my-run/checkpoints/v1")
-    log.ack(trained, in_version=1)
-    stale = log.claim(RUN_ID, 2, consumer=f"curator:{RUN_ID}", lease_s=60)
-    log.drop(stale, stale.row_ids, "stale")
-
-
-def _grafana_queries() -> list[tuple[str, str]]:
-    dash = json.loads((REPO / "cluster/grafana/dart-ray-dashboard.json").read_text())
-    return [
-        ("dart-ray-dashboard.json", t["rawSql"].replace("$run_id", RUN_ID))
-        for p in dash["panels"]
-        for t in p.get("targets", [])
-        if "rawSql" in t
-    ]
-
-
-@pytest.mark.parametrize(("where", "query"), doc_queries() + _grafana_queries())
-def test_doc_sql_runs_on_a_populated_log(where: str, query: str, engine: Engine) -> None:
-    populate(engine)
-    with engine.connect() as c:
-        rows = c.execute(sa.text(query.rstrip(";"))).all()
-    if query.startswith("-- expect: no rows"):
-        assert rows == [], f"{where}: {rows}"
-    else:
-        assert rows, f"{where}: no rows from\n{query}"
-
-
 # --------------------------------------------------------------------------- commands
 
 
@@ -556,86 +446,3 @@ def test_the_data_flow_picture_is_current_and_names_real_modules() -> None:
     missing = [m for m in draw.modules() if not (REPO / m).exists()]
     assert missing == []
     assert (REPO / "docs" / "CONCEPTS.md").read_text().splitlines()[2].startswith("![The data flow")
-
-
-# --------------------------------------------------------------------------- Python
-
-NOT_RUN = "# not run: "
-"""First line of a ```python block that is compiled, not run; the rest says why."""
-USES_RAY = re.compile(r"^(import ray\b|from (ray|actors|serve_apps)[. ])", re.M)
-
-
-def doc_snippets() -> list[tuple[str, str]]:
-    """(where, code) for every ```python block, indented ones (in a list item) included."""
-    out = []
-    for path in DOC_FILES:
-        pattern = r"^([ \t]*)```python\n(.*?)^\1```"
-        for i, (_, block) in enumerate(re.findall(pattern, path.read_text(), re.M | re.S)):
-            out.append((f"{path.name}, python block {i + 1}", textwrap.dedent(block)))
-    return out
-
-
-_SNIPPETS = doc_snippets()
-
-
-def _exec_snippet(where: str, code: str) -> dict[str, Any]:
-    scope: dict[str, Any] = {"__name__": "__doc_snippet__"}
-    exec(compile(code, where, "exec"), scope)
-    return scope
-
-
-def test_every_python_block_runs_or_says_why_not() -> None:
-    assert len(_SNIPPETS) >= 6
-    for where, code in _SNIPPETS:
-        compile(code, where, "exec")  # even a block that is not run must be Python
-        if code.startswith(NOT_RUN):
-            reason = code.splitlines()[0].removeprefix(NOT_RUN)
-            assert len(reason.split()) >= 3, f"{where}: say why it is not run"
-
-
-@pytest.mark.parametrize(
-    ("where", "code"),
-    [s for s in _SNIPPETS if not s[1].startswith(NOT_RUN) and not USES_RAY.search(s[1])],
-)
-def test_doc_python_runs(
-    where: str, code: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.chdir(tmp_path)
-    _exec_snippet(where, code)
-
-
-@pytest.mark.parametrize(
-    ("where", "code"),
-    [s for s in _SNIPPETS if not s[1].startswith(NOT_RUN) and USES_RAY.search(s[1])],
-)
-def test_doc_python_runs_on_ray(
-    where: str, code: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ray_local: None
-) -> None:
-    """On the session's Ray (a snippet's own `ray.init(..., ignore_reinit_error=True)` is
-    then a no-op); the Serve applications and actors it started are removed afterwards."""
-    import ray
-    from ray import serve
-    from ray.actor import ActorHandle
-
-    monkeypatch.chdir(tmp_path)
-    before = _serve_apps()
-    scope: dict[str, Any] = {}
-    try:
-        scope = _exec_snippet(where, code)
-    finally:
-        for v in scope.values():
-            if isinstance(v, ActorHandle):
-                ray.kill(v)
-        for app in _serve_apps() - before:
-            serve.delete(app)
-
-
-def _serve_apps() -> set[str]:
-    """The live Serve applications (none while Serve is not running)."""
-    from ray import serve
-    from ray.serve.exceptions import RayServeException
-
-    try:
-        return set(serve.status().applications)
-    except RayServeException:
-        return set()
