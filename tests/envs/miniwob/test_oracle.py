@@ -32,12 +32,12 @@ def env() -> Iterator[MiniWobEnv]:
 @pytest.mark.parametrize("sub", TASKS)
 def test_oracle_solves_unseen_seeds(env: MiniWobEnv, sub: str) -> None:
     results = [solve(env, make_task(sub, seed)) for seed in UNSEEN]
-    solved = [seed for seed, (reward, _, _) in zip(UNSEEN, results, strict=True) if reward > 0]
+    solved = [seed for seed, s in zip(UNSEEN, results, strict=True) if s.reward > 0]
     assert len(solved) >= 9, (sub, results)
     # each task takes its one to three actions and no more
     most = {"click-button-sequence": 2, "click-option": 2, "enter-text": 3}.get(sub, 1)
-    assert max(steps for _, steps, _ in results) == most, (sub, results)
-    assert all(utterance for _, _, utterance in results)  # the page's instruction
+    assert max(steps for _, steps, _, _ in results) == most, (sub, results)
+    assert all(s.utterance for s in results)  # the page's instruction
     # the committed task files carry each seed's own utterance as the instruction
     for t in [t for t in HELDOUT if t.config["subdomain"] == sub][:2]:
         assert env.reset(t).text == t.instruction, t.task_id
