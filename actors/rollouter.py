@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +34,7 @@ from dart_ray.algo.curriculum import Backoff
 from dart_ray.config import Config
 from dart_ray.engines.base import SamplingParams
 from dart_ray.records import PackedTasks, Status, Task, Trajectory
-from dart_ray.rollout.admission import Pace, may_open_group, slow_group_s
+from dart_ray.rollout.admission import Gate, Pace
 from dart_ray.rollout.episode import (
     EpisodeSettings,
     RaySession,
@@ -174,15 +174,14 @@ class Rollouter:
         self._curator = curator
         self._seeder: ReplaySeeder | None = None
         """The replay pool's seeds, once `seed` has been called (`curation.replay_seeds`)."""
-        self._pace: Pace | None = None
-        self._pace_read_at = 0.0
-        self._rows_logged = 0
-        self._logged_at_pace = 0
-        """Rows logged when the pace in hand was asked for (those since are not in it)."""
-        self._group_durations: deque[float] = deque(maxlen=32)
-        """The last groups' durations, first slot planned to last member logged (admission
-        waits for a group's slowest episode)."""
-        """Mean wall time of this rollouter's episodes (exponential, the newest 1/5)."""
+        self.gate = Gate(
+            self._pace,
+            group=r.n_rollouts,
+            rollouters=r.rollouters,
+            max_staleness=config.curation.max_staleness,
+            slack=r.admission_slack,
+        )
+        """Staleness-aware admission (`dart_ray.rollout.admission`); used in decoupled runs."""
         self.reconciled = self._reconcile()
 
     def _reconcile(self) -> int:
@@ -316,15 +315,15 @@ class Rollouter:
             if self._stop:
                 return False
             if max_groups is None:
-                return not admit or self.scheduler.pending_slots() > 0 or self._admitted(running)
+                pending = self.scheduler.pending_slots() > 0
+                return not admit or pending or self.gate.admits(len(running))
             opened = self.scheduler.groups_opened - opened_at_start
             return opened < max_groups or self.scheduler.pending_slots() > 0
 
-        held_since: float | None = None
         try:
             while True:
                 if admit:
-                    await self._read_pace()
+                    await self.gate.refresh()
                 # read each time: a growing pool adds sessions while the loop runs
                 room = min(self.c.rollout.in_flight, len(self.sessions))
                 while len(running) < room and may_start():
@@ -336,12 +335,7 @@ class Rollouter:
                 held = admit and len(running) < room and not self._stop
                 if not running and not held:
                     break
-                if held and held_since is None:
-                    held_since = time.monotonic()
-                    self.report.groups_held += 1
-                elif not held and held_since is not None:
-                    self.report.held_s += time.monotonic() - held_since
-                    held_since = None
+                self.gate.holding(held)
                 # while admission holds a group back, look at the pace again every second
                 if not running:  # held with nothing running: the queue drains meanwhile
                     await asyncio.sleep(1.0)
@@ -352,40 +346,21 @@ class Rollouter:
                 for d in done:
                     d.result()  # surface bugs; environment and policy failures never raise
         finally:
-            if held_since is not None:
-                self.report.held_s += time.monotonic() - held_since
+            self.gate.holding(False)
             self._publish_occupancy()
         return self.report
 
-    def _admitted(self, running: set[asyncio.Task[None]]) -> bool:
-        """Admission for the next group (`dart_ray.rollout.admission`)."""
-        c = self.c
-        return may_open_group(
-            self._pace,
-            running=len(running),
-            group=c.rollout.n_rollouts,
-            logged=self._rows_logged - self._logged_at_pace,
-            rollouters=c.rollout.rollouters,
-            max_staleness=c.curation.max_staleness,
-            slack=c.rollout.admission_slack,
-            group_s=slow_group_s(self._group_durations),
-        )
-
-    async def _read_pace(self) -> None:
-        """The curator's pace, at most every second; None while the curator is away (Ray
-        restarting it): admission then lets groups open."""
-        if time.monotonic() - self._pace_read_at < 1.0:
-            return
-        self._pace_read_at = time.monotonic()
-        asked_at = self._rows_logged
+    async def _pace(self) -> Pace | None:
+        """The curator's pace; None while the curator is away (Ray restarting it): admission
+        then lets groups open."""
         try:
             curator = ray.get_actor(self._curator, namespace=self.c.cluster.namespace)
-            self._pace = await curator.pace.remote()
-            self._logged_at_pace = asked_at
+            return await curator.pace.remote()  # type: ignore[no-any-return]
         except (ValueError, ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
-            self._pace = None
+            return None
 
     def _publish_occupancy(self) -> None:
+        self.report.groups_held, self.report.held_s = self.gate.groups_held, self.gate.held_s
         if self._first_run is not None:
             self.report.wall_s = time.monotonic() - self._first_run
             self._metrics.occupancy.set(self.report.occupancy)
@@ -478,7 +453,7 @@ class Rollouter:
             self.store.log.append(t, uri)
 
         await asyncio.to_thread(write)
-        self._rows_logged += 1
+        self.gate.logged()
         self.report.logged[t.status.value] += 1
         self._metrics.total.inc(tags={"status": t.status.value})
         if t.status.trainable:
@@ -491,5 +466,5 @@ class Rollouter:
         self._remaining[gid] -= 1
         if self._remaining[gid] == 0:
             del self._remaining[gid]
-            self._group_durations.append(time.monotonic() - self._opened.pop(gid))
+            self.gate.group_done(time.monotonic() - self._opened.pop(gid))
             self.report.groups_completed += 1

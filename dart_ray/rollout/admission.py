@@ -40,7 +40,10 @@ stays the guarantee; admission only avoids producing them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 
@@ -126,3 +129,78 @@ def slow_group_s(durations: Sequence[float]) -> float:
         return 0.0
     ordered = sorted(durations)
     return ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+
+
+class Gate:
+    """One rollouter's admission: the pace it last read (at most every `period` s), the rows
+    it logged since, its last groups' durations, and how long it held sessions idle. No Ray:
+    `read_pace` is the rollouter's call to the curator (None while it is away)."""
+
+    def __init__(
+        self,
+        read_pace: Callable[[], Awaitable[Pace | None]],
+        *,
+        group: int,
+        rollouters: int,
+        max_staleness: int,
+        slack: float,
+        period: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._read_pace = read_pace
+        self._group, self._rollouters = group, rollouters
+        self._max_staleness, self._slack = max_staleness, slack
+        self._period, self._clock = period, clock
+        self.pace: Pace | None = None
+        self._read_at = -math.inf
+        self._logged = 0
+        self._logged_at_read = 0
+        """Rows logged when the pace in hand was asked for (those since are not in it)."""
+        self._durations: deque[float] = deque(maxlen=32)
+        """The last groups' durations, first slot planned to last member logged."""
+        self._held_since: float | None = None
+        self.groups_held = 0
+        """Times a new group was held back while a session was free."""
+        self.held_s = 0.0
+        """Seconds sessions were held idle (at least one free, none started)."""
+
+    async def refresh(self) -> None:
+        """Read the pace again if the one in hand is `period` old."""
+        if self._clock() - self._read_at < self._period:
+            return
+        self._read_at = self._clock()
+        asked_at = self._logged
+        self.pace = await self._read_pace()
+        if self.pace is not None:
+            self._logged_at_read = asked_at
+
+    def logged(self) -> None:
+        """A row was logged."""
+        self._logged += 1
+
+    def group_done(self, seconds: float) -> None:
+        """A group finished, `seconds` after its first slot was planned."""
+        self._durations.append(seconds)
+
+    def admits(self, running: int) -> bool:
+        """Whether a group may open with `running` rows running or planned (`may_open_group`)."""
+        return may_open_group(
+            self.pace,
+            running=running,
+            group=self._group,
+            logged=self._logged - self._logged_at_read,
+            rollouters=self._rollouters,
+            max_staleness=self._max_staleness,
+            slack=self._slack,
+            group_s=slow_group_s(self._durations),
+        )
+
+    def holding(self, held: bool) -> None:
+        """Whether sessions are held idle now: counts the holds and their time."""
+        now = self._clock()
+        if held and self._held_since is None:
+            self._held_since = now
+            self.groups_held += 1
+        elif not held and self._held_since is not None:
+            self.held_s += now - self._held_since
+            self._held_since = None

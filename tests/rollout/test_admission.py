@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dart_ray.rollout.admission import Pace, expected_lag, may_open_group, slow_group_s
+import asyncio
+
+from dart_ray.rollout.admission import Gate, Pace, expected_lag, may_open_group, slow_group_s
 
 KW = dict(max_staleness=2, slack=0.5)
 
@@ -108,3 +110,81 @@ def test_rows_logged_since_the_pace_was_read_count_as_waiting() -> None:
     kw = dict(group=8, rollouters=1, group_s=0.3, **KW)
     assert may_open_group(pace, running=8, **kw)  # type: ignore[arg-type]
     assert not may_open_group(pace, running=8, logged=16, **kw)  # type: ignore[arg-type]
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _gate(paces: list[Pace | None], clock: _Clock) -> tuple[Gate, list[float]]:
+    """A gate whose curator answers `paces` in turn; the times it was asked."""
+    asked: list[float] = []
+
+    async def read() -> Pace | None:
+        asked.append(clock.t)
+        return paces.pop(0)
+
+    gate = Gate(read, group=8, rollouters=1, max_staleness=2, slack=0.5, clock=clock)
+    return gate, asked
+
+
+def test_the_gate_reads_the_pace_once_a_period_and_counts_rows_logged_since_the_read() -> None:
+    # the pace of the test above: 8 running fit (1.5); 16 rows logged since the read do not
+    # (2.0); once the pace is read again it holds them, and 8 running fit again
+    pace = Pace(9, 32.0, 0.5, waiting_rows=0, curated_rows=32, handed_per_version=32.0)
+    clock = _Clock()
+    gate, asked = _gate([pace, pace], clock)
+    asyncio.run(gate.refresh())
+    assert gate.admits(8)
+    for _ in range(16):
+        gate.logged()
+    assert not gate.admits(8)
+    clock.t = 0.9
+    asyncio.run(gate.refresh())  # within the period: not read again
+    assert asked == [0.0] and not gate.admits(8)
+    clock.t = 1.0
+    asyncio.run(gate.refresh())
+    assert asked == [0.0, 1.0] and gate.admits(8)
+
+
+def test_with_the_curator_away_the_gate_lets_groups_open_and_keeps_its_count() -> None:
+    pace = Pace(9, 32.0, 0.5, waiting_rows=0, curated_rows=32, handed_per_version=32.0)
+    clock = _Clock()
+    gate, _ = _gate([pace, None, pace], clock)
+    asyncio.run(gate.refresh())
+    for _ in range(16):
+        gate.logged()
+    clock.t = 1.0
+    asyncio.run(gate.refresh())  # away: no pace, any group may open
+    assert gate.pace is None and gate.admits(64)
+    clock.t = 2.0
+    asyncio.run(gate.refresh())  # back: the 16 rows logged before the failed read are in it
+    assert gate.admits(8)
+
+
+def test_the_gate_waits_for_its_slow_groups_and_counts_the_time_it_held() -> None:
+    # a version every 10 s with nothing left of it: a group of 25 s goes out at lag
+    # 2.5 - 1 + 1 = 2.5 > 2, one of 15 s at 1.5
+    pace = Pace(3, 64.0, 0.1, waiting_rows=0, handed_per_version=64.0, training_left=1.0)
+    clock = _Clock()
+    gate, _ = _gate([pace], clock)
+    asyncio.run(gate.refresh())
+    gate.group_done(15.0)
+    assert gate.admits(8)
+    gate.group_done(25.0)  # the slow groups are the 90th percentile: now 25 s
+    assert not gate.admits(8)
+    gate.holding(True)
+    clock.t = 1.0
+    gate.holding(True)  # the same hold
+    clock.t = 3.0
+    gate.holding(False)
+    gate.holding(False)
+    clock.t = 4.0
+    gate.holding(True)
+    clock.t = 4.5
+    gate.holding(False)
+    assert (gate.groups_held, gate.held_s) == (2, 3.5)
