@@ -76,10 +76,10 @@ RUNGS = [
         "configs/multi-step.toml",
         35 * 60,
         marks=pytest.mark.xfail(
-            reason="rung 3 (two or three actions) not yet measured under the protocol "
-            "(configs/experiments/multi-step.toml); before it, on a suite whose held-out tasks "
-            "repeated training ones, three runs of one config gave +9.0, +12.7 and -0.4 "
-            "(docs/LEARNING.md, history)",
+            reason="rung 3 (two or three actions) under the protocol, 2026-12-07, from "
+            "fixtures/tiny-multi-step (chosen on validation): three rl runs -2.0, +4.0, -12.3 "
+            "held out, mean -3.4 (-12.4..+4.9; benchmarks/results/learning/multi-step.json, "
+            "docs/LEARNING.md)",
             strict=False,
         ),
         id="rung3-multi-step",
