@@ -4,27 +4,16 @@ else (the shipped suites are disjoint by content), and the worktree is gone afte
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
-import sys
 from pathlib import Path
+
+from tests.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _module():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location(
-        "content_keys", REPO / "scripts" / "content_keys.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["content_keys"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_a_suite_against_itself_at_head_overlaps_only_split_by_split(tmp_path: Path) -> None:
-    ck = _module()
+    ck = load_script("scripts/content_keys.py")
     trees = subprocess.run(
         ["git", "-C", str(REPO), "worktree", "list"], capture_output=True, text=True, check=True
     ).stdout

@@ -3,32 +3,21 @@ from a file only where that file measured every mode at the same minutes and sca
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 
 
-def _module():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location(
-        "decoupling_scaling", REPO / "benchmarks" / "decoupling_scaling.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["decoupling_scaling"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_measured_sizes_are_reused_and_drawn_without_running_again(
     tmp_path: Path, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
-    scaling = _module()
+    scaling = load_script("benchmarks/decoupling_scaling.py")
     ran: list[list[str]] = []
     monkeypatch.setattr(scaling.decoupling, "main", lambda argv: ran.append(argv) or 0)
     out = tmp_path / "scaling.json"

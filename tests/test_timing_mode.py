@@ -11,13 +11,12 @@ and every mode reports what its weight updates cost rollout."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+
+from tests.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = [
@@ -28,18 +27,9 @@ pytestmark = [
 ]
 
 
-def _benchmark() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("decoupling", REPO / "benchmarks/decoupling.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["decoupling"] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_timing_mode_benchmark_runs_every_mode_correctly(tmp_path: Path) -> None:
     out = tmp_path / "decoupling.json"
-    rc = _benchmark().main(
+    rc = load_script("benchmarks/decoupling.py").main(
         [
             "--minutes", "0.6",
             "--scale", "0.02",
