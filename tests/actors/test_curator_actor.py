@@ -19,7 +19,7 @@ from dart_ray.config import load_config
 from dart_ray.records import SAMPLE_SCHEMA
 from dart_ray.store import open_store
 from dart_ray.store.db import RowState, dataset_usage_events
-from tests.data.test_curator import write_group
+from tests.data.curator_support import write_group
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 

@@ -23,7 +23,7 @@ from dart_ray.store.blobs import BlobStore
 from dart_ray.store.log import DurableLog
 from dart_ray.uitars.geometry import CoordinateMap
 from dart_ray.uitars.prompts import Turn, build_messages
-from tests.data.test_curator import settings, write_group
+from tests.data.curator_support import settings, write_group
 from tests.factories import make_trajectory
 
 REPO = Path(__file__).resolve().parents[2]
