@@ -20,7 +20,7 @@ from dart_ray.store.log import DurableLog
 from dart_ray.testing.mariadb import TemporaryMariaDB
 from tests.conftest import MYSQL_SERVER, mysql_database_url
 from tests.factories import make_trajectory
-from tests.store.test_log import fill
+from tests.store.log_support import fill
 
 pytestmark = pytest.mark.mysql
 
