@@ -6,6 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
+
+from dart_ray.data.batches import to_record_batch
+from dart_ray.data.curation import split_steps
 from dart_ray.engines.base import SamplingParams
 from dart_ray.engines.hf import HFEngine
 from dart_ray.records import Status, Step, Task, Trajectory
@@ -65,3 +69,13 @@ def log_group(store: Store, trajectories: list[Trajectory]) -> None:
 
 def model_dir(path: Path) -> str:
     return str(path)
+
+
+def samples(
+    engine: HFEngine, advantages: list[float], sampling: SamplingParams | None = None
+) -> pa.RecordBatch:
+    """Step samples of one group the engine plays, with the given advantage per trajectory."""
+    trajs = policy_trajectories(engine, "run", "t", 0, [0.0] * len(advantages), sampling=sampling)
+    return to_record_batch(
+        [s for t, a in zip(trajs, advantages, strict=True) for s in split_steps(t, a)]
+    )
