@@ -1,7 +1,7 @@
 """EnvSession on MiniDesk through a real local Ray: the contract, bad input, stats, placement.
 
 Crash recovery with real crashes (a killed browser, a killed X application, a frozen server)
-is tested where those crashes exist: tests/envs/miniwob/test_env.py and test_desktop.py."""
+is tested where those crashes exist: tests/envs/miniwob/test_env.py and test_desktop_lifecycle.py."""
 
 from __future__ import annotations
 

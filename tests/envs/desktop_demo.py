@@ -8,7 +8,9 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from dart_ray.records import Action, ActionKind
+from dart_ray.envs.desktop.suite import demo
+from dart_ray.envs.osworld.env import LocalDesktopEnv
+from dart_ray.records import Action, ActionKind, Task
 
 
 def _window(name: str, a11y: Callable[[], str], timeout_s: float = 20.0) -> ET.Element:
@@ -40,3 +42,13 @@ def demo_actions(demo: list[dict[str, Any]], a11y: Callable[[], str]) -> Iterato
             time.sleep(s["sleep"])
         elif "call_user" in s:
             yield Action(ActionKind.CALL_USER)
+
+
+def solve(env: LocalDesktopEnv, task: Task) -> float:
+    """Play the task's scripted demo on the desktop and return its score."""
+    obs = env.reset(task)
+    assert (obs.width, obs.height) == (800, 600)
+    assert env.client is not None
+    for a in demo_actions(demo(task.task_id), env.client.accessibility):
+        env.step(a)
+    return env.evaluate()
