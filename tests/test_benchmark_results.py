@@ -11,17 +11,9 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 NOT_YET = {
-    "blobs_to_batch",
-    "collate",
-    "decode",
     "decoupling-scale0.02",
-    "envs",
-    "load",
-    "policy",
     "scale",
     "scale-memory-1024",
-    "trainer",
-    "weight_load",
 }
 """Results of sections older than issue 44, whose files were git-ignored then."""
 
