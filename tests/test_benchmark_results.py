@@ -12,7 +12,6 @@ RESULTS = REPO / "benchmarks" / "results"
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 NOT_YET = {
     "decoupling-scale0.02",
-    "scale-memory-1024",
 }
 """Results of sections older than issue 44, whose files were git-ignored then."""
 
