@@ -5,7 +5,6 @@ installs."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,17 +17,11 @@ from dart_ray.envs.osworld.env import LocalDesktopEnv
 from dart_ray.records import Action, ActionKind, Task
 from dart_ray.testing.procs import serving
 from tests.envs.desktop_demo import demo_actions, solve
-from tests.envs.desktops import desktop
 
 pytestmark = [
     pytest.mark.desktop,
     pytest.mark.skipif(shutil.which("Xvfb") is None, reason="needs Xvfb (install-test-deps.sh)"),
 ]
-
-
-@pytest.fixture(scope="module")
-def desk() -> Iterator[LocalDesktopEnv]:
-    yield from desktop()
 
 
 @pytest.mark.parametrize("task", load_desktop_tasks(), ids=lambda t: t.task_id)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import shutil
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -20,17 +19,12 @@ from dart_ray.envs.osworld.env import LocalDesktopEnv
 from dart_ray.records import Action, ActionKind, Task
 from dart_ray.testing.procs import alive
 from tests.envs.desktop_demo import demo_actions, solve
-from tests.envs.desktops import CFG, desktop
+from tests.envs.desktops import CFG
 
 pytestmark = [
     pytest.mark.desktop,
     pytest.mark.skipif(shutil.which("Xvfb") is None, reason="needs Xvfb (install-test-deps.sh)"),
 ]
-
-
-@pytest.fixture(scope="module")
-def desk() -> Iterator[LocalDesktopEnv]:
-    yield from desktop()
 
 
 def test_a_dead_server_is_a_crash_and_leaves_nothing_behind() -> None:
