@@ -16,7 +16,14 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import warnings
 from pathlib import Path
+
+_ALIVE_NODES = """
+import sys
+from ray.util.state import list_nodes
+print(sum(n.state == "ALIVE" for n in list_nodes(address=sys.argv[1], timeout=10)))
+"""
 
 
 def free_port() -> int:
@@ -41,12 +48,16 @@ class LocalCluster:
             token.chmod(0o600)
             self.env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
         self._taken: set[int] = set()
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self._head_args: tuple[float, str, Path | None] | None = None
+        self._fresh_ports()
+
+    def _fresh_ports(self) -> None:
         self.gcs_port = self._port()
         self.dashboard_port = self._port()
         self.metrics_port = self._port()
         self.metrics_ports = [self.metrics_port]
         """Every node's Prometheus endpoint (an actor's metrics are served by its node)."""
-        self.procs: list[subprocess.Popen[bytes]] = []
 
     def _port(self) -> int:
         """A free loopback port this cluster has not handed out yet (a port probed free is
@@ -89,7 +100,35 @@ class LocalCluster:
     ) -> None:
         """The head; with `autoscaling_config` (a cluster YAML), its monitor runs Ray's
         autoscaler on it (the fake_multinode provider needs RAY_FAKE_CLUSTER=1 in `env`),
-        otherwise the read-only provider of a `ray start --head`, which launches nothing."""
+        otherwise the read-only provider of a `ray start --head`, which launches nothing.
+
+        Returns once the head is up: its dashboard answers *and* its raylet is an alive node
+        of its GCS. The dashboard alone is not enough: in CI (2026-12-07) a head's dashboard
+        answered while no raylet was alive, and every driver then failed after 60 s with Ray's
+        "No node info found matching attributes". A head not up in 120 s is killed and started
+        once more on fresh ports, with a warning that carries its logs; a second failure
+        raises with them."""
+        self._head_args = (num_cpus, resources, autoscaling_config)
+        for attempt in (1, 2):
+            self._start_head()
+            try:
+                self._wait(f"{self.dashboard}/api/version", 120)
+                self._wait_alive_node(120)
+                return
+            except TimeoutError as e:
+                if attempt == 2:
+                    raise TimeoutError(f"{e}\n{self.logs()}") from None
+                warnings.warn(
+                    f"the Ray head at {self.address} did not come up; starting it again on "
+                    f"fresh ports:\n{e}\n{self.logs()}",
+                    stacklevel=2,
+                )
+                self._kill()
+                self._fresh_ports()
+
+    def _start_head(self) -> None:
+        assert self._head_args is not None
+        num_cpus, resources, autoscaling_config = self._head_args
         extra = [f"--autoscaling-config={autoscaling_config}"] if autoscaling_config else []
         self._start(
             [
@@ -108,7 +147,53 @@ class LocalCluster:
             ],
             "head.log",
         )
-        self._wait(f"{self.dashboard}/api/version", 120)
+
+    def alive_nodes(self) -> int:
+        """How many nodes the cluster's GCS holds alive (Ray's state API through the
+        dashboard, as `ray list nodes` asks it; -1 where it does not answer). Not `ray
+        status`: that is the autoscaler's view, where a head started with a cluster YAML is
+        no node."""
+        p = subprocess.run(
+            [str(Path(self.ray_bin).parent / "python"), "-c", _ALIVE_NODES, self.dashboard],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=60,
+            check=False,
+        )
+        return int(p.stdout.split()[-1]) if p.returncode == 0 and p.stdout.split() else -1
+
+    def _wait_alive_node(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while (n := self.alive_nodes()) < 1:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no node of the head at {self.address} is alive ({n})")
+            time.sleep(2)
+
+    def head_is_up(self) -> bool:
+        """Every node process still runs and the GCS holds at least one node alive."""
+        return all(p.poll() is None for p in self.procs) and self.alive_nodes() >= 1
+
+    def restart_head(self) -> None:
+        """Kill this cluster's nodes and start its head again on fresh ports (a one-node
+        cluster: worker nodes are not restarted). `address` and `dashboard` change."""
+        assert self._head_args is not None, "start_head first"
+        self._kill()
+        self._fresh_ports()
+        self.start_head(*self._head_args)
+
+    def logs(self, chars: int = 1500) -> str:
+        """The tail of `ray start`'s output and of the head session's GCS and raylet logs,
+        for an error message."""
+        out = []
+        names = ("gcs_server.out", "gcs_server.err", "raylet.out", "raylet.err")
+        files = [self.tmp / "head.log"]
+        files += [self.tmp / "ray" / "session_latest" / "logs" / n for n in names]
+        for f in files:
+            if f.exists():
+                text = f.read_text(errors="replace").strip()[-chars:]
+                out.append(f"--- {f.name} (tail)\n{text}")
+        return "\n".join(out)
 
     def add_node(self, num_cpus: float, resources: str = "{}") -> None:
         self.metrics_ports.append(self._port())
@@ -151,11 +236,15 @@ class LocalCluster:
                     raise TimeoutError(f"{url} did not answer in {timeout_s} s:\n{log}") from None
                 time.sleep(1)
 
-    def stop(self) -> None:
+    def _kill(self) -> None:
         for p in reversed(self.procs):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL)
             p.wait(timeout=30)
+        self.procs.clear()
         # workers a raylet spawned in sessions of their own still name our temp folder
         subprocess.run(["pkill", "-KILL", "-f", str(self.tmp)], check=False)
+
+    def stop(self) -> None:
+        self._kill()
         shutil.rmtree(self.tmp, ignore_errors=True)
