@@ -18,7 +18,6 @@ The ```sql and ```python blocks: tests/test_doc_blocks.py.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 import shlex
@@ -35,6 +34,7 @@ from dart_ray.cli import build_parser
 from dart_ray.config import load_config
 from dart_ray.store.db import create_engine
 from tests.doc_common import BIN, REPO, RUN_ID, doc_commands, populate
+from tests.doc_help import script_helps
 
 # --------------------------------------------------------------------------- checks
 
@@ -401,48 +401,10 @@ def _help_target(cmd: str) -> tuple[str, ...]:
     return tuple(argv[1:3] if argv[1] == "-m" else argv[1:2])
 
 
-_HELP_ALL = """
-import contextlib, io, json, os, runpy, sys
-out = {}
-for target in json.loads(sys.argv[1]):
-    o, e, rc = io.StringIO(), io.StringIO(), 0
-    sys.argv = [target[-1], "--help"]
-    try:
-        with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
-            if target[0] == "-m":
-                runpy.run_module(target[1], run_name="__main__", alter_sys=True)
-            else:  # as `python SCRIPT` runs it: the script's folder first on the path
-                sys.path.insert(0, os.path.dirname(os.path.abspath(target[0])))
-                try:
-                    runpy.run_path(target[0], run_name="__main__")
-                finally:
-                    sys.path.pop(0)
-    except SystemExit as x:
-        rc = x.code if isinstance(x.code, int) else (0 if x.code is None else 1)
-    except BaseException as x:  # a script that breaks on import: its test reports it
-        rc, e = 1, io.StringIO(e.getvalue() + repr(x))
-    out[" ".join(target)] = [rc, o.getvalue(), e.getvalue()]
-print("\\n" + json.dumps(out))
-"""
-
-
 @functools.cache
 def _helps() -> dict[str, tuple[int, str, str]]:
-    """Every documented script's `--help`, in one Python per test process: 38 documented
-    commands name 20 scripts, and each script's start imports Ray and torch (10-15 s on 2
-    busy cores), so one process per script cost CI's parallel tier minutes."""
     targets = sorted({_help_target(c) for _, c in _COMMANDS if _kind(c) == "flags"})
-    p = subprocess.run(
-        [sys.executable, "-c", _HELP_ALL, json.dumps(targets)],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert p.returncode == 0, p.stderr[-3000:]
-    found = json.loads(p.stdout.rstrip().splitlines()[-1])
-    return {k: (v[0], v[1], v[2]) for k, v in found.items()}
+    return script_helps(targets, REPO)
 
 
 def _help(target: tuple[str, ...]) -> tuple[int, str, str]:
@@ -469,7 +431,6 @@ def test_the_data_flow_picture_is_current_and_names_real_modules() -> None:
     spec = importlib.util.spec_from_file_location("draw", REPO / "scripts" / "draw_dataflow.py")
     assert spec is not None and spec.loader is not None
     draw = importlib.util.module_from_spec(spec)
-    import sys
 
     sys.modules["draw"] = draw  # dataclasses look their module up
     spec.loader.exec_module(draw)
